@@ -1,0 +1,1 @@
+"""Host-side sandbox: isolated execution, grading, task formats. No JAX here."""

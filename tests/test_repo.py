@@ -1,0 +1,53 @@
+"""Repository contracts: the README's commands, CI, and import hygiene."""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _readme_commands():
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", text, re.S)
+    assert block, "README.md must open with a ```bash block holding the two commands"
+    lines = [l.strip() for l in block.group(1).splitlines() if l.strip()]
+    assert len(lines) == 2, f"README.md's first block must hold exactly two commands, got {lines}"
+    return lines
+
+
+def test_readme_test_command_is_what_ci_runs():
+    _, test_cmd = _readme_commands()
+    ci = (ROOT / ".ci" / "run").read_text()
+    m = re.search(r'^TEST_CMD="(.*)"$', ci, re.M)
+    assert m, ".ci/run must define TEST_CMD"
+    assert m.group(1) == test_cmd, f".ci/run runs {m.group(1)!r}, README says {test_cmd!r}"
+    assert "pytest" in test_cmd
+
+
+def test_readme_main_command_names_an_existing_script():
+    main_cmd, _ = _readme_commands()
+    scripts = re.findall(r"python (launch/\S+\.py)", main_cmd)
+    assert scripts, f"main command {main_cmd!r} runs no launch/ script"
+    for s in scripts:
+        assert (ROOT / s).is_file(), f"README's main command runs {s}, which does not exist"
+
+
+def test_pure_modules_import_only_jax_chex_numpy():
+    """`losses` and `corrections` are importable by other JAX projects with jax/chex only."""
+    code = (
+        "import sys, wmrl_jax.losses, wmrl_jax.corrections\n"
+        "bad = [m for m in ('torch', 'transformers', 'sandbox', 'flax', 'optax', 'orbax',"
+        " 'pandas', 'sklearn', 'wmrl_jax.models', 'wmrl_jax.sampling') if m in sys.modules]\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", f"pure modules pulled in: {out.stdout.strip()}"
+
+
+def test_sandbox_never_imports_jax():
+    for path in (ROOT / "sandbox").rglob("*.py"):
+        src = path.read_text()
+        assert not re.search(r"^\s*(import jax|from jax)", src, re.M), f"{path} imports jax"
