@@ -113,3 +113,146 @@ def group_advantages(
     adv = adv * scale[:, None]
     adv = jnp.where(valid & used[:, None], adv, 0.0)
     return adv, used
+
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
+
+
+def _aggregate(per_token: Array, weight: Array, aggregation: str) -> Array:
+    """Masked mean of a [B, T] array: over all tokens, or per sequence then over sequences."""
+    if aggregation == "token-mean":
+        return (per_token * weight).sum() / jnp.maximum(weight.sum(), 1.0)
+    # seq-mean-token-mean: sequences without a loss token are left out of the outer mean.
+    seq_tokens = weight.sum(axis=1)
+    seq_mean = (per_token * weight).sum(axis=1) / jnp.maximum(seq_tokens, 1.0)
+    has_tokens = (seq_tokens > 0).astype(per_token.dtype)
+    return (seq_mean * has_tokens).sum() / jnp.maximum(has_tokens.sum(), 1.0)
+
+
+def grpo_loss(
+    logp: Array,
+    old_logp: Array,
+    ref_logp: Array,
+    advantages: Array,
+    mask: Array,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    kl_coef: float = 0.04,
+    entropy: Array | None = None,
+    entropy_coef: float = 0.0,
+    aggregation: str = "token-mean",
+) -> tuple[Array, dict[str, Array]]:
+    """GRPO loss: clipped surrogate + k3 KL to a frozen reference − entropy bonus.
+
+    Per token t of sequence b, with ρ = exp(logp − sg(old_logp)),
+    A = sg(advantages) and d = sg(ref_logp) − logp:
+
+        pg_bt  = max(−A·ρ, −A·clip(ρ, 1 − ε, 1 + ε_high))
+        kl_bt  = exp(d) − d − 1                                    (k3, ≥ 0)
+        l_bt   = pg_bt + kl_coef·kl_bt − entropy_coef·entropy_bt
+
+    and the loss aggregates l over the tokens where mask is True:
+
+        "token-mean":          Σ_bt m·l / Σ_bt m          (verl's default; the paper's)
+        "seq-mean-token-mean": mean_b [Σ_t m·l / Σ_t m]   (sequences with no token skipped)
+
+    References: PPO clipping, Schulman et al. 2017 (arXiv:1707.06347);
+    GRPO and the k3 KL to the reference in the loss, Shao et al. 2024
+    (arXiv:2402.03300) eq. 3-4; k3 estimator, Schulman 2020, "Approximating
+    KL divergence" (joschu.net/blog/kl-approx.html); asymmetric clip-higher
+    ε_high, Yu et al. 2025, "DAPO" (arXiv:2503.14476).
+
+    At ρ = 1 (on-policy, first minibatch) the gradient of pg_bt with respect to
+    logp_bt is −A, the REINFORCE policy gradient with a group baseline.
+
+    Args:
+      logp: float[B, T] log π_θ(token) of the policy being trained.
+      old_logp: float[B, T] log-probs of the sampling policy (no gradient).
+      ref_logp: float[B, T] log-probs of the frozen reference (no gradient).
+      advantages: float[B] (one per sequence, broadcast over tokens) or
+        float[B, T] (per token). No gradient.
+      mask: bool[B, T] (or float weights) True on completion tokens in the loss.
+      clip_eps: ε, the lower clip range (and the upper one if ε_high is None).
+      clip_eps_high: ε_high, the upper clip range; None means ε.
+      kl_coef: weight of the k3 KL to the reference (paper: 0.04).
+      entropy: optional float[B, T] per-token entropy of π_θ (differentiable).
+      entropy_coef: weight of the entropy bonus (paper: 0.002).
+      aggregation: "token-mean" or "seq-mean-token-mean".
+
+    Returns:
+      loss: float scalar.
+      metrics: dict of scalars, all masked token means (same aggregation as the
+        loss for the three loss terms): "pg_loss", "kl" (k3 to the reference),
+        "entropy" (0 if not given), "clip_frac", "clip_frac_low",
+        "clip_frac_high" (fraction of tokens where the clipped branch is the
+        active one, split by side), "approx_kl_old" (k3 estimate of
+        KL(π_old ‖ π_θ) = ρ − 1 − log ρ: how far this update moved), "ratio_mean", "ratio_min", "ratio_max".
+    """
+    logp = jnp.asarray(logp)
+    _expect_rank("logp", logp, 2, "[B sequences, T tokens]")
+    _expect_float("logp", logp)
+    for name, x in (("old_logp", old_logp), ("ref_logp", ref_logp), ("mask", mask)):
+        _expect_shape(name, jnp.asarray(x), logp.shape)
+    _expect_float("old_logp", jnp.asarray(old_logp))
+    _expect_float("ref_logp", jnp.asarray(ref_logp))
+    advantages = jnp.asarray(advantages)
+    if advantages.shape not in (logp.shape[:1], logp.shape):
+        raise ValueError(
+            f"advantages: shape {tuple(advantages.shape)}, expected [B] = {logp.shape[:1]} "
+            f"or [B, T] = {tuple(logp.shape)}"
+        )
+    _expect_float("advantages", advantages)
+    if entropy is not None:
+        entropy = jnp.asarray(entropy)
+        _expect_shape("entropy", entropy, logp.shape)
+        _expect_float("entropy", entropy)
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation: {aggregation!r}, expected one of {AGGREGATIONS}")
+    eps_low = clip_eps
+    eps_high = clip_eps if clip_eps_high is None else clip_eps_high
+
+    dtype = logp.dtype
+    weight = jnp.asarray(mask).astype(dtype)
+    # Targets, not variables: only logp (and entropy) carry gradient.
+    old_logp = jax.lax.stop_gradient(jnp.asarray(old_logp, dtype))
+    ref_logp = jax.lax.stop_gradient(jnp.asarray(ref_logp, dtype))
+    adv = jax.lax.stop_gradient(advantages.astype(dtype))
+    if adv.ndim == 1:
+        adv = adv[:, None]
+    adv = jnp.broadcast_to(adv, logp.shape)
+    # Masked tokens may hold garbage (padding log-probs of -inf): keep them out
+    # of exp() so neither the loss nor its gradient ever sees a NaN.
+    on = weight > 0
+    log_ratio = jnp.where(on, logp - old_logp, 0.0)
+    ratio = jnp.exp(log_ratio)
+    clipped_ratio = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    pg = jnp.maximum(-adv * ratio, -adv * clipped_ratio)
+
+    d = jnp.where(on, ref_logp - logp, 0.0)
+    kl = jnp.exp(d) - d - 1.0
+
+    ent = jnp.zeros_like(logp) if entropy is None else jnp.where(on, entropy, 0.0)
+    per_token = pg + kl_coef * kl - entropy_coef * ent
+    loss = _aggregate(per_token, weight, aggregation)
+
+    def mean(x):
+        return _aggregate(x, weight, aggregation)
+
+    sg = jax.lax.stop_gradient
+    clip_low = ((ratio < 1.0 - eps_low) & (adv < 0)).astype(dtype)
+    clip_high = ((ratio > 1.0 + eps_high) & (adv > 0)).astype(dtype)
+    big = jnp.asarray(jnp.finfo(dtype).max, dtype)
+    metrics = {
+        "pg_loss": sg(mean(pg)),
+        "kl": sg(mean(kl)),
+        "entropy": sg(mean(ent)),
+        "clip_frac": sg(mean(clip_low + clip_high)),
+        "clip_frac_low": sg(mean(clip_low)),
+        "clip_frac_high": sg(mean(clip_high)),
+        "approx_kl_old": sg(mean(ratio - 1.0 - log_ratio)),
+        "ratio_mean": sg(mean(ratio)),
+        "ratio_min": sg(jnp.where(on.any(), jnp.where(on, ratio, big).min(), 1.0)),
+        "ratio_max": sg(jnp.where(on.any(), jnp.where(on, ratio, -big).max(), 1.0)),
+    }
+    return loss, metrics
