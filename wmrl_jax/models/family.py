@@ -28,16 +28,116 @@ Conventions shared by all families
   are ``unembed(params, config, hidden)`` (tied or untied head). Log-prob
   code never materialises ``[B, T, V]`` in f32 at once: it calls
   ``unembed`` on chunks of T.
+* The HF checkpoint mapping is data: ``hf_table(config)`` lists one
+  ``HfTensor`` per HF tensor (key, param path, layout); ``hf_io`` does all
+  reading, writing, checking and placement. A family may also define
+  ``hf_ignore(config) -> tuple[str, ...]`` (regexes of HF keys skipped on load
+  with a one-line notice, e.g. a vision tower) — optional.
+* ``param_axes`` leaves are tuples of logical names (see ``sharding.RULES``);
+  ``cache_axes`` likewise, with ``()`` for the scalar ``index``.
+* Writing past ``max_len`` in a cache is not detected inside jit
+  (``dynamic_update_slice`` clamps); callers size the cache.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import math
 from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
 
 Params = dict
 Cache = dict
+
+# HF `model_type` -> module implementing the family, imported on first use.
+FAMILIES: dict[str, str] = {
+    "qwen3": "wmrl_jax.models.qwen3",
+    "qwen3_5": "wmrl_jax.models.qwen35",
+    "qwen3_5_text": "wmrl_jax.models.qwen35",
+}
+
+
+def get_family(model_type: str):
+    """The family module for an HF `model_type` (e.g. "qwen3"); a clear error for anything else."""
+    if model_type not in FAMILIES:
+        raise ValueError(f"unsupported model_type {model_type!r}; supported: {sorted(FAMILIES)}")
+    return importlib.import_module(FAMILIES[model_type])
+
+
+@dataclasses.dataclass(frozen=True)
+class HfTensor:
+    """One HF tensor <-> one param leaf (or one layer of a stacked leaf).
+
+    Layout: param = hf.reshape(view).transpose(perm). `key` contains
+    "{layer}" when `stacked`: layer i's tensor is param[i].
+    """
+
+    key: str
+    path: tuple[str, ...]
+    hf_shape: tuple[int, ...]
+    view: tuple[int, ...]
+    perm: tuple[int, ...]
+    stacked: bool = False
+
+    @property
+    def param_shape(self) -> tuple[int, ...]:
+        return tuple(self.view[p] for p in self.perm)
+
+    @classmethod
+    def same(cls, key: str, path: tuple[str, ...], shape: tuple[int, ...], stacked: bool = False) -> "HfTensor":
+        shape = tuple(shape)
+        return cls(key, tuple(path), shape, shape, tuple(range(len(shape))), stacked)
+
+    @classmethod
+    def linear(
+        cls, key: str, path: tuple[str, ...], in_dims: tuple[int, ...], out_dims: tuple[int, ...], stacked: bool = False
+    ) -> "HfTensor":
+        """An `nn.Linear` weight [prod(out), prod(in)] stored as param [*in_dims, *out_dims]."""
+        n_out, n_in = len(out_dims), len(in_dims)
+        return cls(
+            key,
+            tuple(path),
+            (math.prod(out_dims), math.prod(in_dims)),
+            tuple(out_dims) + tuple(in_dims),
+            tuple(range(n_out, n_out + n_in)) + tuple(range(n_out)),
+            stacked,
+        )
+
+
+@dataclasses.dataclass
+class Model:
+    """A loaded model: params (sharded over `mesh` when given) + config + the family implementing it."""
+
+    config: Any
+    params: Params
+    family: Any
+    mesh: Any = None
+
+    def logits(self, tokens, valid=None) -> jax.Array:
+        """float32[B, T, V] logits of int32[B, T] tokens (left-padded rows: pass `valid`, bool[B, T])."""
+        tokens = jnp.asarray(tokens, jnp.int32)
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens: expected int32[B, T], got shape {tokens.shape}")
+        valid = jnp.ones(tokens.shape, bool) if valid is None else jnp.asarray(valid, bool)
+        if valid.shape != tokens.shape:
+            raise ValueError(f"valid: shape {valid.shape}, expected the tokens' shape {tokens.shape}")
+        if self.mesh is None:
+            return _jit_logits(self.family, self.config, self.params, tokens, valid)
+        with jax.set_mesh(self.mesh):
+            return _jit_logits(self.family, self.config, self.params, tokens, valid)
+
+
+def _logits(family, config, params, tokens, valid):
+    from wmrl_jax.models.layers import positions_from_valid
+
+    hidden, _ = family.forward(params, config, tokens, positions_from_valid(valid), valid)
+    return family.unembed(params, config, hidden).astype(jnp.float32)
+
+
+_jit_logits = jax.jit(_logits, static_argnums=(0, 1))
 
 
 class ModelFamily(Protocol):

@@ -1,0 +1,60 @@
+"""Qwen-family models in JAX: pure-function families, HF checkpoint I/O, tokenizer, sharding.
+
+    model = load_hf("path/to/qwen3", dtype="bfloat16", mesh=make_mesh((1, 2, 4)))
+    logits = model.logits(tokens)          # float32[B, T, V]
+    save_hf(model, "out/")                  # loadable by transformers
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from wmrl_jax.models.family import FAMILIES, HfTensor, Model, get_family
+from wmrl_jax.models.hf_io import load_hf, save_hf
+from wmrl_jax.models.sharding import make_mesh, shard_params
+from wmrl_jax.models.tokenizer import load_tokenizer
+
+
+def init(config: Any, rng: jax.Array, dtype: Any = "float32", *, mesh: jax.sharding.Mesh | None = None) -> Model:
+    """A randomly initialised `Model` of `config` (any family's Config), sharded over `mesh` if given."""
+    family = _family_of(config)
+    if mesh is None:
+        params = jax.jit(family.init_params, static_argnums=(0, 2))(config, rng, jnp.dtype(dtype))
+    else:
+        shapes = jax.eval_shape(family.init_params, config, rng, jnp.dtype(dtype))
+        out = jax.tree.map(
+            lambda axes, x: _named(mesh, axes, x.shape), family.param_axes(config), shapes, is_leaf=lambda t: isinstance(t, tuple)
+        )
+        params = jax.jit(family.init_params, static_argnums=(0, 2), out_shardings=out)(config, rng, jnp.dtype(dtype))
+    return Model(config=config, params=params, family=family, mesh=mesh)
+
+
+def _named(mesh, axes, shape):
+    from wmrl_jax.models.sharding import named_sharding
+
+    return named_sharding(mesh, axes, shape)
+
+
+def _family_of(config: Any):
+    module = type(config).__module__
+    for name in set(FAMILIES.values()):
+        if module == name:
+            return get_family(next(k for k, v in FAMILIES.items() if v == name))
+    raise TypeError(f"config: {type(config).__name__} from {module} is not a Config of a registered family {sorted(set(FAMILIES.values()))}")
+
+
+__all__ = [
+    "FAMILIES",
+    "HfTensor",
+    "Model",
+    "get_family",
+    "init",
+    "load_hf",
+    "load_tokenizer",
+    "make_mesh",
+    "save_hf",
+    "shard_params",
+]

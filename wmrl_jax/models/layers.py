@@ -1,0 +1,147 @@
+"""Building blocks shared by the model families (Qwen3, Qwen3.5): pure functions.
+
+Einsum dimension letters used in names and docstrings:
+  B batch, T query length, S key length (cache slots), D model width,
+  N query heads, K key/value heads, G = N // K query heads per KV head,
+  H head dim, F MLP width, V vocabulary.
+
+Numerics: norms, RoPE angles and the softmax run in f32 whatever the param
+dtype, because bf16 has 8 mantissa bits and these are the places where
+rounding compounds (variance of 4k numbers, angles of 32k positions,
+exponentials). Matmuls run in the param dtype.
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+
+# Finite "minus infinity": a fully masked row (a padded query) then gets a
+# uniform softmax instead of NaN; its output is never used.
+_MASK_VALUE = -1e30
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, offset: float = 0.0) -> jax.Array:
+    """RMSNorm over the last axis: y = x / sqrt(mean(x²) + eps) · (offset + w).
+
+    offset=0 is Qwen3's norm (w initialised to 1); offset=1 is Qwen3.5's
+    "(1 + w)" norm (w initialised to 0). Computed in f32, returned in x.dtype.
+
+    Args:
+      x: [..., D].
+      weight: [D].
+    """
+    chex.assert_equal(x.shape[-1:], weight.shape)
+    xf = x.astype(jnp.float32)
+    normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (normed * (offset + weight.astype(jnp.float32))).astype(x.dtype)
+
+
+def rope_settings(rope_parameters: dict | None, head_dim: int, *, rope_theta: float | None = None) -> tuple[float, int]:
+    """(theta, rotary_dim) from a transformers-5 `rope_parameters` dict.
+
+    transformers 5 stores {"rope_type": "default", "rope_theta": ...,
+    "partial_rotary_factor": ...} in `config.rope_parameters` (older configs
+    had a top-level `rope_theta`, accepted as a fallback). Only the "default"
+    (unscaled) RoPE is implemented; scaled variants (yarn, linear, ...) would
+    silently change long-context positions, so they raise.
+    """
+    params = dict(rope_parameters or {})
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise NotImplementedError(
+            f"rope_parameters.rope_type={rope_type!r}: only 'default' RoPE is implemented (got {params})"
+        )
+    theta = params.get("rope_theta", rope_theta)
+    if theta is None:
+        raise ValueError(f"rope_parameters: expected a 'rope_theta' entry, got {params}")
+    factor = float(params.get("partial_rotary_factor", 1.0))
+    rotary_dim = int(head_dim * factor)
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise ValueError(
+            f"partial_rotary_factor={factor} with head_dim={head_dim} gives rotary_dim={rotary_dim}; "
+            "expected an even number in (0, head_dim]"
+        )
+    return float(theta), rotary_dim
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, theta: float, rotary_dim: int) -> jax.Array:
+    """Rotary embedding (rotate-half convention of HF) on the first `rotary_dim` dims of each head.
+
+    inv_freq_i = theta^(-2i / rotary_dim), angle = position · inv_freq,
+    x_rot = x · cos + rotate_half(x) · sin with cos/sin over [freqs, freqs];
+    dims past rotary_dim pass through (Qwen3.5's partial rotary).
+
+    Args:
+      x: [B, T, N, H].
+      positions: int32[B, T].
+    """
+    chex.assert_rank(x, 4)
+    chex.assert_equal(x.shape[:2], positions.shape)
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, rotary_dim / 2]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    xf = x.astype(jnp.float32)
+    x_rot, x_pass = xf[..., :rotary_dim], xf[..., rotary_dim:]
+    half = rotary_dim // 2
+    rotated = jnp.concatenate([-x_rot[..., half:], x_rot[..., :half]], axis=-1)
+    out = jnp.concatenate([x_rot * cos + rotated * sin, x_pass], axis=-1)
+    return out.astype(x.dtype)
+
+
+def attention_mask(
+    valid_q: jax.Array, valid_k: jax.Array, *, q_offset: jax.Array | int = 0
+) -> jax.Array:
+    """bool[B, T, S]: query t (at slot q_offset + t) sees key slot s iff s <= q_offset + t and s is valid.
+
+    Without a cache S == T and q_offset == 0 (causal + key padding). With a
+    cache, valid_k is the cache's slot validity after writing this step.
+    """
+    chex.assert_rank([valid_q, valid_k], 2)
+    q_slot = q_offset + jnp.arange(valid_q.shape[1])
+    causal = jnp.arange(valid_k.shape[1])[None, :] <= q_slot[:, None]  # [T, S]
+    return causal[None] & valid_k[:, None, :]
+
+
+def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+    """Grouped-query attention: softmax(q·kᵀ·scale + mask)·v, query head n reads KV head n // G.
+
+    The grouping equals HF's `repeat_kv` (repeat-interleave of KV heads)
+    without materialising the repeated keys.
+
+    Args:
+      q: [B, T, N, H]; k, v: [B, S, K, H]; mask: bool[B, T, S].
+    Returns:
+      [B, T, N, H] in q.dtype (softmax in f32).
+    """
+    chex.assert_rank([q, k, v, mask], [4, 4, 4, 3])
+    batch, length, num_heads, head_dim = q.shape
+    num_kv = k.shape[2]
+    if num_heads % num_kv:
+        raise ValueError(f"gqa_attention: {num_heads} query heads is not a multiple of {num_kv} KV heads")
+    q_btkgh = q.reshape(batch, length, num_kv, num_heads // num_kv, head_dim)
+    scores_bkgts = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k, preferred_element_type=jnp.float32) * scale
+    scores_bkgts = jnp.where(mask[:, None, None], scores_bkgts, _MASK_VALUE)
+    probs_bkgts = jax.nn.softmax(scores_bkgts, axis=-1).astype(v.dtype)
+    out_btkgh = jnp.einsum("bkgts,bskh->btkgh", probs_bkgts, v)
+    return out_btkgh.reshape(batch, length, num_heads, head_dim)
+
+
+def write_cache(cache_bs: jax.Array, new_bt: jax.Array, index: jax.Array) -> jax.Array:
+    """Writes new_bt[B, T, ...] into cache_bs[B, S, ...] at slots [index, index + T)."""
+    start = (0, index) + (0,) * (cache_bs.ndim - 2)
+    return jax.lax.dynamic_update_slice(cache_bs, new_bt.astype(cache_bs.dtype), start)
+
+
+def swiglu(x: jax.Array, gate_df: jax.Array, up_df: jax.Array, down_fd: jax.Array) -> jax.Array:
+    """SwiGLU MLP: down(silu(x·gate) ⊙ (x·up)). x: [B, T, D] → [B, T, D]."""
+    gate_btf = jnp.einsum("btd,df->btf", x, gate_df)
+    up_btf = jnp.einsum("btd,df->btf", x, up_df)
+    return jnp.einsum("btf,fd->btd", jax.nn.silu(gate_btf) * up_btf, down_fd)
+
+
+def positions_from_valid(valid: jax.Array) -> jax.Array:
+    """RoPE positions of a left-padded batch: cumsum(valid) - 1, clipped at 0 (int32[B, T])."""
+    return jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=-1) - 1, 0)

@@ -1,0 +1,285 @@
+"""Qwen3 (dense): config, params, forward with KV cache, and its HF checkpoint table.
+
+Matches transformers' `models/qwen3/modeling_qwen3.py`: pre-norm decoder,
+GQA attention with per-head RMSNorm on q and k (before RoPE), SwiGLU MLP,
+final RMSNorm, tied or untied LM head. Implements `family.ModelFamily`.
+
+Params (leading L = layers axis on everything under "layers"):
+  embed_vd [V, D], final_norm_d [D], lm_head_dv [D, V] (untied only),
+  layers: attn_norm_d [L, D], q_proj_dnh [L, D, N, H], k_proj_dkh / v_proj_dkh
+  [L, D, K, H], q_norm_h / k_norm_h [L, H], o_proj_nhd [L, N, H, D],
+  mlp_norm_d [L, D], gate_proj_df / up_proj_df [L, D, F], down_proj_fd [L, F, D].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from wmrl_jax.models import layers as L
+from wmrl_jax.models.family import Cache, HfTensor, Params
+from wmrl_jax.models.sharding import constrain
+
+MODEL_TYPES = ("qwen3",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 40_960
+    initializer_range: float = 0.02
+    # Token ids are carried only so that save_hf writes them back.
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+
+
+def config_from_hf(hf: dict) -> Config:
+    """Config from a transformers `Qwen3Config.to_dict()`; unsupported options raise."""
+    if hf.get("model_type") not in MODEL_TYPES:
+        raise ValueError(f"config model_type={hf.get('model_type')!r}, expected one of {MODEL_TYPES}")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise NotImplementedError(f"hidden_act={hf['hidden_act']!r}: only 'silu' is implemented")
+    if hf.get("attention_bias", False):
+        raise NotImplementedError("attention_bias=True: Qwen3 checkpoints have no attention biases; not implemented")
+    if hf.get("use_sliding_window", False):
+        raise NotImplementedError("use_sliding_window=True: sliding-window attention is not implemented")
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    theta, rotary_dim = L.rope_settings(hf.get("rope_parameters"), head_dim, rope_theta=hf.get("rope_theta"))
+    if rotary_dim != head_dim:
+        raise NotImplementedError("Qwen3 rotates the whole head; partial_rotary_factor != 1 is not supported")
+    eos = hf.get("eos_token_id")
+    return Config(
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"],
+        num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        head_dim=head_dim,
+        rope_theta=theta,
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        max_position_embeddings=hf.get("max_position_embeddings", 40_960),
+        initializer_range=hf.get("initializer_range", 0.02),
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+        pad_token_id=hf.get("pad_token_id"),
+    )
+
+
+def config_to_hf(config: Config) -> dict:
+    """kwargs for `transformers.Qwen3Config` (model_type included)."""
+    eos = config.eos_token_id
+    return dict(
+        model_type="qwen3",
+        architectures=["Qwen3ForCausalLM"],
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        rms_norm_eps=config.rms_norm_eps,
+        tie_word_embeddings=config.tie_word_embeddings,
+        max_position_embeddings=config.max_position_embeddings,
+        initializer_range=config.initializer_range,
+        hidden_act="silu",
+        attention_bias=False,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=list(eos) if isinstance(eos, tuple) else eos,
+        pad_token_id=config.pad_token_id,
+    )
+
+
+def _layer_shapes(c: Config) -> dict[str, tuple[int, ...]]:
+    d, n, k, h, f = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
+    return {
+        "attn_norm_d": (d,),
+        "q_proj_dnh": (d, n, h),
+        "k_proj_dkh": (d, k, h),
+        "v_proj_dkh": (d, k, h),
+        "q_norm_h": (h,),
+        "k_norm_h": (h,),
+        "o_proj_nhd": (n, h, d),
+        "mlp_norm_d": (d,),
+        "gate_proj_df": (d, f),
+        "up_proj_df": (d, f),
+        "down_proj_fd": (f, d),
+    }
+
+
+def param_axes(config: Config) -> dict:
+    axes = {
+        "embed_vd": ("vocab", "embed"),
+        "final_norm_d": ("norm",),
+        "layers": {
+            "attn_norm_d": ("layers", "norm"),
+            "q_proj_dnh": ("layers", "embed", "heads", "head_dim"),
+            "k_proj_dkh": ("layers", "embed", "kv_heads", "head_dim"),
+            "v_proj_dkh": ("layers", "embed", "kv_heads", "head_dim"),
+            "q_norm_h": ("layers", "norm"),
+            "k_norm_h": ("layers", "norm"),
+            "o_proj_nhd": ("layers", "heads", "head_dim", "embed"),
+            "mlp_norm_d": ("layers", "norm"),
+            "gate_proj_df": ("layers", "embed", "mlp"),
+            "up_proj_df": ("layers", "embed", "mlp"),
+            "down_proj_fd": ("layers", "mlp", "embed"),
+        },
+    }
+    if not config.tie_word_embeddings:
+        axes["lm_head_dv"] = ("embed", "vocab")
+    return axes
+
+
+def init_params(config: Config, rng: jax.Array, dtype: Any = jnp.float32) -> Params:
+    """Random init as transformers does it: N(0, initializer_range) matrices, unit norms."""
+    c = config
+    layer_shapes = _layer_shapes(c)
+    keys = iter(jax.random.split(rng, len(layer_shapes) + 2))
+
+    def normal(shape):
+        return (c.initializer_range * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+
+    params: Params = {
+        "embed_vd": normal((c.vocab_size, c.hidden_size)),
+        "final_norm_d": jnp.ones((c.hidden_size,), dtype),
+        "layers": {
+            name: jnp.ones((c.num_layers,) + shape, dtype) if "norm" in name else normal((c.num_layers,) + shape)
+            for name, shape in layer_shapes.items()
+        },
+    }
+    if not c.tie_word_embeddings:
+        params["lm_head_dv"] = normal((c.hidden_size, c.vocab_size))
+    return params
+
+
+def hf_table(config: Config) -> list[HfTensor]:
+    """HF `Qwen3ForCausalLM` state-dict keys <-> params."""
+    c = config
+    d, n, k, h, f = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
+    p = "model.layers.{layer}."
+    lin, same = HfTensor.linear, HfTensor.same
+    table = [
+        same("model.embed_tokens.weight", ("embed_vd",), (c.vocab_size, d)),
+        same("model.norm.weight", ("final_norm_d",), (d,)),
+        same(p + "input_layernorm.weight", ("layers", "attn_norm_d"), (d,), True),
+        lin(p + "self_attn.q_proj.weight", ("layers", "q_proj_dnh"), (d,), (n, h), True),
+        lin(p + "self_attn.k_proj.weight", ("layers", "k_proj_dkh"), (d,), (k, h), True),
+        lin(p + "self_attn.v_proj.weight", ("layers", "v_proj_dkh"), (d,), (k, h), True),
+        same(p + "self_attn.q_norm.weight", ("layers", "q_norm_h"), (h,), True),
+        same(p + "self_attn.k_norm.weight", ("layers", "k_norm_h"), (h,), True),
+        lin(p + "self_attn.o_proj.weight", ("layers", "o_proj_nhd"), (n, h), (d,), True),
+        same(p + "post_attention_layernorm.weight", ("layers", "mlp_norm_d"), (d,), True),
+        lin(p + "mlp.gate_proj.weight", ("layers", "gate_proj_df"), (d,), (f,), True),
+        lin(p + "mlp.up_proj.weight", ("layers", "up_proj_df"), (d,), (f,), True),
+        lin(p + "mlp.down_proj.weight", ("layers", "down_proj_fd"), (f,), (d,), True),
+    ]
+    if not c.tie_word_embeddings:
+        table.append(lin("lm_head.weight", ("lm_head_dv",), (d,), (c.vocab_size,)))
+    return table
+
+
+def hf_ignore(config: Config) -> tuple[str, ...]:
+    # Some tied checkpoints still store the (identical) head; the embedding is the source of truth.
+    return (r"^lm_head\.weight$",) if config.tie_word_embeddings else ()
+
+
+def init_cache(config: Config, batch: int, max_len: int, dtype: Any = jnp.float32) -> Cache:
+    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    return {
+        "index": jnp.zeros((), jnp.int32),
+        "valid": jnp.zeros((batch, max_len), bool),
+        "k": jnp.zeros(shape, dtype),
+        "v": jnp.zeros(shape, dtype),
+    }
+
+
+def cache_axes(config: Config) -> dict:
+    kv = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
+    return {"index": (), "valid": ("batch", "cache_length"), "k": kv, "v": kv}
+
+
+def forward(
+    params: Params,
+    config: Config,
+    tokens: jax.Array,
+    positions: jax.Array,
+    valid: jax.Array,
+    cache: Cache | None = None,
+) -> tuple[jax.Array, Cache | None]:
+    """Final-normed hidden states [B, T, D] (param dtype) and the updated cache (see family.py)."""
+    c = config
+    if tokens.ndim != 2 or positions.shape != tokens.shape or valid.shape != tokens.shape:
+        raise ValueError(
+            f"tokens/positions/valid: expected equal [B, T] shapes, got {tokens.shape}, {positions.shape}, {valid.shape}"
+        )
+    x_btd = constrain(jnp.take(params["embed_vd"], tokens, axis=0), ("batch", "length", "embed"))
+    if cache is None:
+        index = 0
+        mask_bts = L.attention_mask(valid, valid)
+        kv_cache = None
+    else:
+        index = cache["index"]
+        cache_valid = L.write_cache(cache["valid"], valid, index)
+        mask_bts = L.attention_mask(valid, cache_valid, q_offset=index)
+        kv_cache = (cache["k"], cache["v"])
+    scale = c.head_dim**-0.5
+
+    def layer(x_btd, inputs):
+        lp, kv = inputs
+        h_btd = L.rms_norm(x_btd, lp["attn_norm_d"], c.rms_norm_eps)
+        q_btnh = jnp.einsum("btd,dnh->btnh", h_btd, lp["q_proj_dnh"])
+        k_btkh = jnp.einsum("btd,dkh->btkh", h_btd, lp["k_proj_dkh"])
+        v_btkh = jnp.einsum("btd,dkh->btkh", h_btd, lp["v_proj_dkh"])
+        q_btnh = L.apply_rope(L.rms_norm(q_btnh, lp["q_norm_h"], c.rms_norm_eps), positions, c.rope_theta, c.head_dim)
+        k_btkh = L.apply_rope(L.rms_norm(k_btkh, lp["k_norm_h"], c.rms_norm_eps), positions, c.rope_theta, c.head_dim)
+        q_btnh = constrain(q_btnh, ("batch", "length", "heads", "head_dim"))
+        if kv is None:
+            keys, values, new_kv = k_btkh, v_btkh, None
+        else:
+            keys = L.write_cache(kv[0], k_btkh, index)
+            values = L.write_cache(kv[1], v_btkh, index)
+            new_kv = (keys, values)
+        attn_btnh = L.gqa_attention(q_btnh, keys, values, mask_bts, scale)
+        x_btd = x_btd + jnp.einsum("btnh,nhd->btd", attn_btnh, lp["o_proj_nhd"])
+        x_btd = constrain(x_btd, ("batch", "length", "embed"))
+        h_btd = L.rms_norm(x_btd, lp["mlp_norm_d"], c.rms_norm_eps)
+        x_btd = x_btd + L.swiglu(h_btd, lp["gate_proj_df"], lp["up_proj_df"], lp["down_proj_fd"])
+        return constrain(x_btd, ("batch", "length", "embed")), new_kv
+
+    x_btd, new_kv = jax.lax.scan(layer, x_btd, (params["layers"], kv_cache))
+    hidden_btd = L.rms_norm(x_btd, params["final_norm_d"], c.rms_norm_eps)
+    if cache is None:
+        return hidden_btd, None
+    new_cache = {"index": index + tokens.shape[1], "valid": cache_valid, "k": new_kv[0], "v": new_kv[1]}
+    return hidden_btd, new_cache
+
+
+def unembed(params: Params, config: Config, hidden: jax.Array) -> jax.Array:
+    """float32[B, T, V] logits of final-normed hidden [B, T, D] (tied head = embedding transposed)."""
+    if config.tie_word_embeddings:
+        logits = jnp.einsum("btd,vd->btv", hidden, params["embed_vd"], preferred_element_type=jnp.float32)
+    else:
+        logits = jnp.einsum("btd,dv->btv", hidden, params["lm_head_dv"], preferred_element_type=jnp.float32)
+    return constrain(logits, ("batch", "length", "vocab"))
