@@ -1,0 +1,146 @@
+"""Qwen3 in JAX against transformers' Qwen3ForCausalLM (tiny random models, no downloads)."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import jax
+import jax.numpy as jnp
+
+from helpers_hf import build_tiny_qwen3, hf_logits, left_pad, save_tiny_qwen3, tiny_qwen3_config
+from wmrl_jax import models
+from wmrl_jax.models import layers, qwen3
+
+# tied/untied × GQA 4:2 / 4:1 × head_dim 12 != 32/4, non-default theta and eps.
+VARIANTS = {
+    "untied_gqa2": dict(),
+    "tied_gqa4": dict(tie_word_embeddings=True, num_key_value_heads=1, rope_theta=20000.0, rms_norm_eps=3e-6),
+}
+PROMPTS = [[5, 17, 33, 200, 41, 7, 99, 12], [8, 9, 250], [3, 4, 5, 6, 7, 300]]
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def checkpoint(request, tmp_path_factory):
+    cfg = tiny_qwen3_config(**VARIANTS[request.param])
+    path = save_tiny_qwen3(tmp_path_factory.mktemp(request.param), cfg, seed=len(request.param), tokenizer=False)
+    hf = build_tiny_qwen3(cfg, seed=len(request.param))  # the same weights, kept in memory as the reference
+    return path, hf
+
+
+def _masked_max_err(a, b, mask):
+    return float(np.max(np.abs(a - b) * np.asarray(mask)[..., None]))
+
+
+def test_f32_logits_match_transformers(checkpoint):
+    path, hf = checkpoint
+    model = models.load_hf(path)
+    assert model.config.tie_word_embeddings == hf.config.tie_word_embeddings
+    assert ("lm_head_dv" in model.params) != hf.config.tie_word_embeddings
+
+    full = np.asarray([PROMPTS[0], PROMPTS[0][::-1]])
+    np.testing.assert_allclose(np.asarray(model.logits(full)), hf_logits(hf, full), atol=1e-4, rtol=0)
+
+    tokens, mask = left_pad(PROMPTS)
+    ours = np.asarray(model.logits(tokens, mask.astype(bool)))
+    assert ours.dtype == np.float32 and ours.shape == (3, 8, hf.config.vocab_size)
+    assert _masked_max_err(ours, hf_logits(hf, tokens, mask), mask) < 1e-4
+
+
+def test_cached_decoding_equals_full_forward(checkpoint):
+    path, _ = checkpoint
+    model = models.load_hf(path)
+    params, cfg = model.params, model.config
+    tokens, mask = left_pad(PROMPTS)
+    tokens, valid = jnp.asarray(tokens, jnp.int32), jnp.asarray(mask, bool)
+    positions = layers.positions_from_valid(valid)
+    full, none = qwen3.forward(params, cfg, tokens, positions, valid)
+    assert none is None
+
+    forward = jax.jit(qwen3.forward, static_argnums=1)
+    cache = qwen3.init_cache(cfg, batch=3, max_len=12, dtype=jnp.float32)
+    # Prefill 5 slots, then one token at a time: the path the sampler takes.
+    hidden, cache = forward(params, cfg, tokens[:, :5], positions[:, :5], valid[:, :5], cache)
+    steps = [hidden]
+    for t in range(5, 8):
+        hidden, cache = forward(params, cfg, tokens[:, t : t + 1], positions[:, t : t + 1], valid[:, t : t + 1], cache)
+        steps.append(hidden)
+    cached = jnp.concatenate(steps, axis=1)
+    assert int(cache["index"]) == 8
+    np.testing.assert_array_equal(np.asarray(cache["valid"][:, :8]), mask.astype(bool))
+    assert not np.asarray(cache["valid"][:, 8:]).any()
+    assert _masked_max_err(np.asarray(cached), np.asarray(full), mask) < 1e-5
+
+
+def test_bf16_path_close_to_f32(checkpoint):
+    path, hf = checkpoint
+    tokens, mask = left_pad(PROMPTS)
+    ref = hf_logits(hf, tokens, mask)
+    ours = models.load_hf(path, dtype="bfloat16")
+    assert ours.params["layers"]["q_proj_dnh"].dtype == jnp.bfloat16
+    ours_err = _masked_max_err(np.asarray(ours.logits(tokens, mask.astype(bool))), ref, mask)
+    # Tolerance: bf16 keeps 8 mantissa bits (relative rounding 2^-9 per op), so the error is a property of
+    # the weights and depth, not a fixed number. The independent yardstick is transformers' own bf16 model
+    # on the same weights: ours (f32 norms/softmax/RoPE angles, bf16 matmuls) must be no worse than 2x it.
+    hf_bf16 = copy.deepcopy(hf).to(torch.bfloat16)
+    hf_err = _masked_max_err(hf_logits(hf_bf16, tokens, mask), ref, mask)
+    print(f"bf16 max |logit err|: ours {ours_err:.4f}, transformers bf16 {hf_err:.4f}")
+    assert 0 < ours_err <= 2 * hf_err + 1e-3, (ours_err, hf_err)
+
+
+def test_init_matches_axes_and_runs():
+    cfg = qwen3.config_from_hf(tiny_qwen3_config(tie_word_embeddings=False).to_dict())
+    model = models.init(cfg, jax.random.key(0), dtype="bfloat16")
+    shapes = jax.tree.map(lambda x: x.shape, model.params)
+    axes = qwen3.param_axes(cfg)
+    assert jax.tree.structure(shapes, is_leaf=lambda s: isinstance(s, tuple)) == jax.tree.structure(
+        axes, is_leaf=lambda a: isinstance(a, tuple)
+    )
+    jax.tree.map(lambda s, a: (len(s) == len(a)) or pytest.fail(f"{s} vs {a}"), shapes, axes, is_leaf=lambda t: isinstance(t, tuple))
+    assert shapes["layers"]["q_proj_dnh"] == (2, 32, 4, 12)
+    assert model.params["embed_vd"].dtype == jnp.bfloat16
+    std = float(jnp.std(model.params["layers"]["up_proj_df"].astype(jnp.float32)))
+    assert abs(std - 0.02) < 0.003  # transformers' initializer_range
+    assert np.isfinite(np.asarray(model.logits(np.asarray([[1, 2, 3]])))).all()
+
+
+def test_partial_rope_and_offset_norm_match_transformers_qwen3_5():
+    """The shared pieces the Qwen3.5 family reuses, against transformers' own Qwen3.5 functions."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as ref
+    from transformers import Qwen3_5TextConfig
+
+    hf_cfg = Qwen3_5TextConfig(head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 777.0, "partial_rotary_factor": 0.25})
+    theta, rotary_dim = layers.rope_settings(hf_cfg.rope_parameters, 16)
+    assert (theta, rotary_dim) == (777.0, 4)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 5, 3, 16)).astype(np.float32)
+    pos = np.asarray([[0, 1, 2, 3, 4], [0, 0, 0, 1, 2]])
+    inv_freq = 1.0 / (777.0 ** (torch.arange(0, 4, 2, dtype=torch.float) / 4))
+    freqs = torch.as_tensor(pos)[..., None].float() * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    xt = torch.as_tensor(x).transpose(1, 2)  # HF layout [B, N, T, H]
+    want, _ = ref.apply_rotary_pos_emb(xt, xt, emb.cos(), emb.sin())
+    got = layers.apply_rope(jnp.asarray(x), jnp.asarray(pos), theta, rotary_dim)
+    np.testing.assert_allclose(np.asarray(got), want.transpose(1, 2).numpy(), atol=1e-6)
+
+    norm = ref.Qwen3_5RMSNorm(16, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.as_tensor(rng.standard_normal(16).astype(np.float32)))
+    got = layers.rms_norm(jnp.asarray(x), jnp.asarray(norm.weight.detach().numpy()), 1e-5, offset=1.0)
+    np.testing.assert_allclose(np.asarray(got), norm(torch.as_tensor(x)).detach().numpy(), atol=1e-5)
+
+
+def test_bad_inputs_raise_clear_errors():
+    with pytest.raises(NotImplementedError, match="rope_type='yarn'"):
+        layers.rope_settings({"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}, 128)
+    with pytest.raises(ValueError, match="num_heads=6 must be a multiple of num_kv_heads=4"):
+        qwen3.Config(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=6, num_kv_heads=4, head_dim=4)
+    cfg = qwen3.config_from_hf(tiny_qwen3_config(num_hidden_layers=1).to_dict())
+    model = models.init(cfg, jax.random.key(1))
+    with pytest.raises(ValueError, match=r"tokens: expected int32\[B, T\], got shape \(3,\)"):
+        model.logits(np.asarray([1, 2, 3]))
+    with pytest.raises(ValueError, match=r"valid: shape \(1, 2\), expected the tokens' shape \(1, 3\)"):
+        model.logits(np.asarray([[1, 2, 3]]), np.ones((1, 2), bool))
+    with pytest.raises(NotImplementedError, match="use_sliding_window"):
+        qwen3.config_from_hf(tiny_qwen3_config(use_sliding_window=True).to_dict())
