@@ -1,1 +1,44 @@
-"""Host-side sandbox: isolated execution, grading, task formats. No JAX here."""
+"""Host-side sandbox: isolated execution, grading, task formats. No JAX here.
+
+Public API (the contract other modules use):
+
+    task = load_task("path/to/competition")            # MLE-Dojo or DSBench layout
+    result = run_solution(task, code, timeout_s=600)    # -> ExecutionResult (status, reward, feedback, ...)
+    pool = SandboxPool(workers=4)                       # concurrent runs, cache, counters
+    position_score(score, task.leaderboards, task.higher_is_better)
+    avg_at_k({task_id: [attempt, ...]}, categories)     # the paper's avg@8
+
+Rewards follow DESIGN.md's ladder (REWARD_LADDER); "unknown" (infrastructure
+failure) has reward None, never 0.
+"""
+
+from sandbox.grading import (
+    REWARD_LADDER,
+    REWARD_MALFORMED,
+    REWARD_RAN_NO_SUB,
+    REWARD_RUNTIME_ERR,
+    REWARD_SYNTAX_ERR,
+    REWARD_VALID_BASE,
+    REWARD_VALID_SPAN,
+    STATUSES,
+    grade_submission,
+    ladder_reward,
+)
+from sandbox.isolation import Limits
+from sandbox.runner import ExecutionResult, extract_code, run_solution
+from sandbox.scoring import AvgAtK, avg_at_k, board_position, position_score
+from sandbox.tasks import Task, TaskFormatError, load_task
+
+__all__ = [
+    "AvgAtK", "ExecutionResult", "Limits", "REWARD_LADDER", "REWARD_MALFORMED", "REWARD_RAN_NO_SUB",
+    "REWARD_RUNTIME_ERR", "REWARD_SYNTAX_ERR", "REWARD_VALID_BASE", "REWARD_VALID_SPAN", "STATUSES",
+    "SandboxPool", "Task", "TaskFormatError", "avg_at_k", "board_position", "extract_code",
+    "grade_submission", "ladder_reward", "load_task", "position_score", "run_solution",
+]
+
+
+def __getattr__(name):   # the pool pulls in concurrency machinery only when used
+    if name == "SandboxPool":
+        from sandbox.pool import SandboxPool
+        return SandboxPool
+    raise AttributeError(f"module 'sandbox' has no attribute {name!r}")
