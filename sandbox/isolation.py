@@ -330,8 +330,18 @@ def _killpg(pgid: int) -> None:
         pass
 
 
-def _can_setuid() -> bool:
-    return os.geteuid() == 0 and shutil.which("setpriv") is not None
+def _world_traversable(path: str) -> bool:
+    """Every ancestor of `path` lets other users through (needed outside a mount namespace)."""
+    path = os.path.realpath(path)
+    return all(os.stat(p).st_mode & 0o001 for p in _parents(path) + [os.path.dirname(path)] if p)
+
+
+def _can_setuid(with_bwrap: bool, python: str) -> bool:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return False
+    # Inside bwrap the mounts are traversable by construction; on the bare host
+    # an unprivileged uid must be able to reach the interpreter.
+    return with_bwrap or _world_traversable(python)
 
 
 def execute(*, script: str, data_dir: str, run_dir: str, limits: Limits,
@@ -356,14 +366,15 @@ def execute(*, script: str, data_dir: str, run_dir: str, limits: Limits,
     os.makedirs(work_dir, exist_ok=True)
     os.makedirs(tmp_dir, exist_ok=True)
 
-    uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if _can_setuid() else None
+    bwrap = bwrap_path()
+    uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if _can_setuid(bwrap is not None, python) else None
     if uid is not None:
         for d in (work_dir, tmp_dir):
             os.chown(d, uid, uid)
             os.chmod(d, 0o700)
+        if bwrap is None:
+            os.chmod(run_dir, 0o711)   # the bare-host run must reach work/ and solution.py
     has_prlimit = shutil.which("prlimit") is not None
-
-    bwrap = bwrap_path()
     if bwrap is not None:
         in_data, in_work, in_tmp = SANDBOX_DATA, SANDBOX_WORK, "/tmp"
         argv = _bwrap_argv(bwrap, work_dir=work_dir, tmp_dir=tmp_dir, data_dir=data_dir,
@@ -398,9 +409,12 @@ def execute(*, script: str, data_dir: str, run_dir: str, limits: Limits,
                      "nproc": limits.max_procs, "fsize_mb": limits.max_file_mb,
                      "nofile": limits.max_open_files} if has_prlimit else {}),
         "uid": uid,
+        # RLIMIT_NPROC is ignored for root, so it only binds with a dropped uid.
+        "nproc_enforced": bool(has_prlimit and uid is not None),
         "threads": limits.cpus,
         "timeout_s": limits.timeout_s,
-        "kill": "process group + pid namespace + uid sweep" if bwrap else "process group + uid sweep",
+        "kill": ("process group + pid namespace" if bwrap else "process group")
+                + (" + uid sweep" if uid is not None else ""),
     }
 
     t0 = time.perf_counter()
