@@ -111,11 +111,14 @@ def _readme(spec: TaskSpec, row: dict, entries: list[dict], population: int) -> 
 
 def build(out, *, seed: int = 0, tasks=None, population: int = 50, workers: int = 2,
           timeout_s: float = 300.0, progress: bool = True) -> dict:
-    """Builds the suite under `out` (replacing it); returns the manifest.
+    """Builds the suite under `out`; returns the manifest.
 
     Args:
-      out: output folder (created; an existing one is replaced).
-      seed: data and population seed.
+      out: output folder. Without `tasks` it is replaced; with `tasks` only those
+        task folders are rebuilt and their rows of `suite.json` and
+        `execution_log.jsonl` replaced (the rest is kept), so a long build can
+        proceed task by task and the result equals one full build.
+      seed: data and population seed (an incremental build must reuse the folder's seed).
       tasks: task names to build (default: all of `specs.TASKS`).
       population: reference solutions per task (0: data only, no boards / log).
       workers: concurrent sandbox runs.
@@ -127,9 +130,21 @@ def build(out, *, seed: int = 0, tasks=None, population: int = 50, workers: int 
     if population < 0:
         raise ValueError(f"population {population}, expected >= 0")
     out = pathlib.Path(out)
-    if out.exists():
+    kept_rows, kept_log = {}, []
+    if tasks and (out / MANIFEST_NAME).is_file():
+        old = json.loads((out / MANIFEST_NAME).read_text())
+        if (old["seed"], old["population"]) != (seed, population):
+            raise ValueError(f"{out}: built with seed={old['seed']} population={old['population']}; an incremental "
+                             f"build must use the same, got seed={seed} population={population}")
+        kept_rows = {r["name"]: r for r in old["tasks"] if r["name"] not in tasks}
+        if (out / LOG_NAME).is_file():
+            with open(out / LOG_NAME) as f:
+                kept_log = [e for e in map(json.loads, f) if e["task"] not in tasks]
+        for spec in specs:
+            shutil.rmtree(out / spec.name, ignore_errors=True)
+    elif out.exists():
         shutil.rmtree(out)
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     rows = {}
     for spec in tqdm(specs, desc="task data", unit="task", disable=not progress):
         row = layout.write_task(spec, out, seed)
@@ -159,19 +174,23 @@ def build(out, *, seed: int = 0, tasks=None, population: int = 50, workers: int 
                     "task": spec.name, "split": spec.split, "index": j.index, "origin": j.origin,
                     "label": j.label, "family": j.family, "code": j.code, "status": r.status,
                     "raw_score": float(r.raw_score) if valid else None, "position_score": pos,
-                    "reward": sandbox.reward_for(r.status, pos), "error_type": r.error_type,
+                    "reward": sandbox.ladder_reward(r.status, pos), "error_type": r.error_type,
                 })
             log += entries
             (rows[spec.name]["_dir"] / "README.md").write_text(_readme(spec, rows[spec.name], entries, population))
             best = max((e for e in entries if e["status"] == "valid"), key=lambda e: e["position_score"])
             rows[spec.name].update(population=population, board_size=len(scores), best_solution=best["label"],
                                    best_family=best["family"], best_score=best["raw_score"])
+    order = {t.name: i for i, t in enumerate(TASKS)}
+    rows = {**kept_rows, **{k: {kk: vv for kk, vv in v.items() if kk != "_dir"} for k, v in rows.items()}}
+    if population:
+        log = sorted(kept_log + log, key=lambda e: (order[e["task"]], e["index"]))
         with open(out / LOG_NAME, "w") as f:
             for e in log:
                 f.write(json.dumps(e, sort_keys=True) + "\n")
     manifest = {
         "seed": seed, "population": population, "log": LOG_NAME if population else None,
-        "tasks": [{k: v for k, v in rows[s.name].items() if k != "_dir"} for s in specs],
+        "tasks": [rows[name] for name in sorted(rows, key=order.__getitem__)],
     }
     (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest

@@ -63,8 +63,8 @@ METRICS: dict[str, Metric] = {
                "from sklearn.metrics import log_loss",
                "log_loss(t[cols].to_numpy().argmax(axis=1), _rows_normalised(p[cols]), labels=list(range(len(cols))))",
                "Submissions are evaluated on the multi-class log loss: -mean over rows of log p(true class). "
-               "Each row's probabilities are clipped to [1e-15, 1 - 1e-15] and rescaled to sum to 1 "
-               "before scoring."),
+               "Each row's probabilities are first rescaled to sum to 1 (they need not sum to 1), then "
+               "clipped to [1e-15, 1 - 1e-15]."),
         Metric("rmse", "RMSE", False, "value",
                "from sklearn.metrics import root_mean_squared_error",
                "root_mean_squared_error(t[cols[0]], p[cols[0]])",
@@ -101,8 +101,9 @@ from mledojo.metrics.base import CompetitionMetrics, InvalidSubmissionError
 
 
 def _rows_normalised(frame: pd.DataFrame) -> np.ndarray:
-    probs = np.clip(frame.to_numpy(dtype=float), 1e-15, 1 - 1e-15)
-    return probs / probs.sum(axis=1, keepdims=True)
+    # Kaggle's multi-class log loss: rescale each row to sum to 1, then clip.
+    probs = frame.to_numpy(dtype=float)
+    return np.clip(probs / probs.sum(axis=1, keepdims=True), 1e-15, 1 - 1e-15)
 
 
 class {cls}(CompetitionMetrics):

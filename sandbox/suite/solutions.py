@@ -225,9 +225,10 @@ def failing_solutions(spec: TaskSpec, has_missing: bool, has_strings: bool) -> l
         ("ran_no_sub: wrong id column name", 'submission.insert(0, "id"', 'submission.insert(0, "row_id"'),
         ("ran_no_sub: only half the test rows", "submission.to_csv(", "submission.head(len(submission) // 2).to_csv("),
     ]
-    out = [("malformed: prose instead of a script",
-            "I would start with a gradient boosting model, tune it with cross-validation and "
-            "then write the predictions to the submission file.")]
+    # An answer cut off at the token limit: the ```python fence never closes, so there is no program.
+    out = [("malformed: answer truncated inside its code fence",
+            "I will train a gradient boosting model and write the predictions.\n\n```python\n"
+            + good[: len(good) // 3])]
     for label, old, new in edits:
         if old not in good:
             raise AssertionError(f"task {spec.name}: failing solution {label!r}: {old!r} not in the template")

@@ -91,7 +91,7 @@ TASKS: tuple[TaskSpec, ...] = (
          "s1..s6": "blood serum measurements"}, ("small noisy regression",)),
     TaskSpec(
         "rand_health_visits", "RAND Health Insurance: Doctor Visits", "regression", "mae", "train",
-        ds.rand_health_visits, ("doctor_visits",), _SM.format("randhie") + " (20 000 of its 20 190 rows)",
+        ds.rand_health_visits, ("doctor_visits",), _SM.format("randhie") + " (12 000 of its 20 190 rows)",
         "Records of the RAND Health Insurance Experiment. Predict the number of outpatient doctor "
         "visits of each person from their insurance plan and health status.",
         {"lncoins": "log(coinsurance + 1)", "idp": "1 if an individual deductible plan",
