@@ -109,6 +109,25 @@ def _readme(spec: TaskSpec, row: dict, entries: list[dict], population: int) -> 
     return "\n".join(lines) + "\n"
 
 
+def _suite_readme(man: dict) -> str:
+    lines = [
+        "# The embedded task suite", "",
+        "Built by `python -m sandbox.suite build --out DIR --seed "
+        f"{man['seed']}` (sources: `sandbox/suite/`); every task folder is an MLE-Dojo competition "
+        "(`utils/metric.py`, `info/`, `data/public/`, `data/private/`) with a README saying how its "
+        "leaderboards were built. `suite.json` is the manifest; `execution_log.jsonl` holds one sandbox "
+        "run per line (task, split, code, status, raw_score, position_score, reward, error_type) of every "
+        "reference and deliberately broken solution. The world model may learn only from the `train` split.",
+        "", "| task | split | category | metric | better | train / test rows | best reference solution |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for t in man["tasks"]:
+        better = "higher" if t["higher_is_better"] else "lower"
+        lines.append(f"| `{t['name']}` | {t['split']} | {t['category']} | {t['metric']} | {better} | "
+                     f"{t['rows_train']} / {t['rows_test']} | `{t.get('best_solution', '-')}` |")
+    return "\n".join(lines) + "\n"
+
+
 def build(out, *, seed: int = 0, tasks=None, population: int = 50, workers: int = 2,
           timeout_s: float = 300.0, progress: bool = True) -> dict:
     """Builds the suite under `out`; returns the manifest.
@@ -193,4 +212,5 @@ def build(out, *, seed: int = 0, tasks=None, population: int = 50, workers: int 
         "tasks": [rows[name] for name in sorted(rows, key=order.__getitem__)],
     }
     (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    (out / "README.md").write_text(_suite_readme(manifest))
     return manifest
