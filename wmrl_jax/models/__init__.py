@@ -14,28 +14,25 @@ import jax.numpy as jnp
 
 from wmrl_jax.models.family import FAMILIES, HfTensor, Model, get_family
 from wmrl_jax.models.hf_io import load_hf, save_hf
-from wmrl_jax.models.sharding import make_mesh, shard_params
+from wmrl_jax.models.sharding import make_mesh, shard_params, tree_shardings
 from wmrl_jax.models.tokenizer import load_tokenizer
 
 
 def init(config: Any, rng: jax.Array, dtype: Any = "float32", *, mesh: jax.sharding.Mesh | None = None) -> Model:
     """A randomly initialised `Model` of `config` (any family's Config), sharded over `mesh` if given."""
     family = _family_of(config)
+    dtype = jnp.dtype(dtype)
+
+    def make(rng):
+        return family.init_params(config, rng, dtype)
+
     if mesh is None:
-        params = jax.jit(family.init_params, static_argnums=(0, 2))(config, rng, jnp.dtype(dtype))
+        params = jax.jit(make)(rng)
     else:
-        shapes = jax.eval_shape(family.init_params, config, rng, jnp.dtype(dtype))
-        out = jax.tree.map(
-            lambda axes, x: _named(mesh, axes, x.shape), family.param_axes(config), shapes, is_leaf=lambda t: isinstance(t, tuple)
-        )
-        params = jax.jit(family.init_params, static_argnums=(0, 2), out_shardings=out)(config, rng, jnp.dtype(dtype))
+        # Each device computes only its own shards: the model is never whole on one device.
+        out = tree_shardings(mesh, family.param_axes(config), jax.eval_shape(make, rng))
+        params = jax.jit(make, out_shardings=out)(rng)
     return Model(config=config, params=params, family=family, mesh=mesh)
-
-
-def _named(mesh, axes, shape):
-    from wmrl_jax.models.sharding import named_sharding
-
-    return named_sharding(mesh, axes, shape)
 
 
 def _family_of(config: Any):

@@ -14,10 +14,12 @@ Params (leading L = layers axis on everything under "layers"):
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from wmrl_jax.models import layers as L
 from wmrl_jax.models.family import Cache, HfTensor, Params
@@ -153,24 +155,28 @@ def param_axes(config: Config) -> dict:
 
 
 def init_params(config: Config, rng: jax.Array, dtype: Any = jnp.float32) -> Params:
-    """Random init as transformers does it: N(0, initializer_range) matrices, unit norms."""
+    """Random init as transformers does it: N(0, initializer_range) matrices, unit norms.
+
+    All matrices are slices of ONE normal draw: each `jax.random` call is its
+    own RNG program, and a dozen of them cost ~10x the compile time on CPU.
+    """
     c = config
-    layer_shapes = _layer_shapes(c)
-    keys = iter(jax.random.split(rng, len(layer_shapes) + 2))
-
-    def normal(shape):
-        return (c.initializer_range * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
-
-    params: Params = {
-        "embed_vd": normal((c.vocab_size, c.hidden_size)),
-        "final_norm_d": jnp.ones((c.hidden_size,), dtype),
-        "layers": {
-            name: jnp.ones((c.num_layers,) + shape, dtype) if "norm" in name else normal((c.num_layers,) + shape)
-            for name, shape in layer_shapes.items()
-        },
-    }
+    shapes = {"embed_vd": (c.vocab_size, c.hidden_size)}
+    shapes.update({("layers", k): (c.num_layers,) + s for k, s in _layer_shapes(c).items() if "norm" not in k})
     if not c.tie_word_embeddings:
-        params["lm_head_dv"] = normal((c.hidden_size, c.vocab_size))
+        shapes["lm_head_dv"] = (c.hidden_size, c.vocab_size)
+    sizes = [math.prod(s) for s in shapes.values()]
+    flat = c.initializer_range * jax.random.normal(rng, (sum(sizes),), jnp.float32)
+    params: Params = {"final_norm_d": jnp.ones((c.hidden_size,), dtype), "layers": {}}
+    for (name, shape), start, size in zip(shapes.items(), np.cumsum([0] + sizes), sizes):
+        value = flat[start : start + size].reshape(shape).astype(dtype)
+        if isinstance(name, tuple):
+            params["layers"][name[1]] = value
+        else:
+            params[name] = value
+    for name, shape in _layer_shapes(c).items():
+        if "norm" in name:
+            params["layers"][name] = jnp.ones((c.num_layers,) + shape, dtype)
     return params
 
 
