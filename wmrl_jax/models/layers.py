@@ -145,3 +145,41 @@ def swiglu(x: jax.Array, gate_df: jax.Array, up_df: jax.Array, down_fd: jax.Arra
 def positions_from_valid(valid: jax.Array) -> jax.Array:
     """RoPE positions of a left-padded batch: cumsum(valid) - 1, clipped at 0 (int32[B, T])."""
     return jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def attention_context(tokens: jax.Array, positions: jax.Array, valid: jax.Array, cache: dict | None) -> dict:
+    """Checks forward's inputs and builds what every attention layer of a step shares.
+
+    Returns {"positions", "valid", "index" (first cache slot written, 0 without
+    a cache), "mask" (bool[B, T, S]), "cache_valid" (bool[B, S], only with a
+    cache)}; see family.py for the cache contract.
+    """
+    if tokens.ndim != 2 or positions.shape != tokens.shape or valid.shape != tokens.shape:
+        raise ValueError(
+            f"tokens/positions/valid: expected equal [B, T] shapes, got {tokens.shape}, {positions.shape}, {valid.shape}"
+        )
+    valid = valid.astype(bool)
+    ctx = {"positions": positions, "valid": valid}
+    if cache is None:
+        ctx.update(index=0, mask=attention_mask(valid, valid))
+    else:
+        cache_valid = write_cache(cache["valid"], valid, cache["index"])
+        ctx.update(
+            index=cache["index"], cache_valid=cache_valid, mask=attention_mask(valid, cache_valid, q_offset=cache["index"])
+        )
+    return ctx
+
+
+def cached_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, kv_cache: tuple | None, ctx: dict, scale: float
+) -> tuple[jax.Array, tuple | None]:
+    """gqa_attention over this step's keys, or over the cache after writing them at ctx["index"].
+
+    kv_cache: None or (k_cache [B, S, K, H], v_cache [B, S, K, H]); returns
+    (out [B, T, N, H], the updated pair or None).
+    """
+    if kv_cache is None:
+        return gqa_attention(q, k, v, ctx["mask"], scale), None
+    keys = write_cache(kv_cache[0], k, ctx["index"])
+    values = write_cache(kv_cache[1], v, ctx["index"])
+    return gqa_attention(q, keys, values, ctx["mask"], scale), (keys, values)

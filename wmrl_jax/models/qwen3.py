@@ -236,20 +236,9 @@ def forward(
 ) -> tuple[jax.Array, Cache | None]:
     """Final-normed hidden states [B, T, D] (param dtype) and the updated cache (see family.py)."""
     c = config
-    if tokens.ndim != 2 or positions.shape != tokens.shape or valid.shape != tokens.shape:
-        raise ValueError(
-            f"tokens/positions/valid: expected equal [B, T] shapes, got {tokens.shape}, {positions.shape}, {valid.shape}"
-        )
+    ctx = L.attention_context(tokens, positions, valid, cache)
     x_btd = constrain(jnp.take(params["embed_vd"], tokens, axis=0), ("batch", "length", "embed"))
-    if cache is None:
-        index = 0
-        mask_bts = L.attention_mask(valid, valid)
-        kv_cache = None
-    else:
-        index = cache["index"]
-        cache_valid = L.write_cache(cache["valid"], valid, index)
-        mask_bts = L.attention_mask(valid, cache_valid, q_offset=index)
-        kv_cache = (cache["k"], cache["v"])
+    kv_cache = None if cache is None else (cache["k"], cache["v"])
     scale = c.head_dim**-0.5
 
     def layer(x_btd, inputs):
@@ -261,13 +250,7 @@ def forward(
         q_btnh = L.apply_rope(L.rms_norm(q_btnh, lp["q_norm_h"], c.rms_norm_eps), positions, c.rope_theta, c.head_dim)
         k_btkh = L.apply_rope(L.rms_norm(k_btkh, lp["k_norm_h"], c.rms_norm_eps), positions, c.rope_theta, c.head_dim)
         q_btnh = constrain(q_btnh, ("batch", "length", "heads", "head_dim"))
-        if kv is None:
-            keys, values, new_kv = k_btkh, v_btkh, None
-        else:
-            keys = L.write_cache(kv[0], k_btkh, index)
-            values = L.write_cache(kv[1], v_btkh, index)
-            new_kv = (keys, values)
-        attn_btnh = L.gqa_attention(q_btnh, keys, values, mask_bts, scale)
+        attn_btnh, new_kv = L.cached_attention(q_btnh, k_btkh, v_btkh, kv, ctx, scale)
         x_btd = x_btd + jnp.einsum("btnh,nhd->btd", attn_btnh, lp["o_proj_nhd"])
         x_btd = constrain(x_btd, ("batch", "length", "embed"))
         h_btd = L.rms_norm(x_btd, lp["mlp_norm_d"], c.rms_norm_eps)
@@ -278,7 +261,7 @@ def forward(
     hidden_btd = L.rms_norm(x_btd, params["final_norm_d"], c.rms_norm_eps)
     if cache is None:
         return hidden_btd, None
-    new_cache = {"index": index + tokens.shape[1], "valid": cache_valid, "k": new_kv[0], "v": new_kv[1]}
+    new_cache = {"index": ctx["index"] + tokens.shape[1], "valid": ctx["cache_valid"], "k": new_kv[0], "v": new_kv[1]}
     return hidden_btd, new_cache
 
 
