@@ -1,0 +1,125 @@
+"""token_logprobs: values against transformers, values and gradients against the
+naive full-logits computation, and proof that no [B, T, V] array exists in the
+forward or the backward program.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.helpers_hf import build_tiny_qwen3, hf_logits, tiny_qwen3_config
+from wmrl_jax.logprobs import logprob_and_entropy, token_logprobs
+from wmrl_jax.models import load_hf
+from wmrl_jax.models.layers import positions_from_valid
+
+B, T, CHUNK, TEMPERATURE = 3, 21, 8, 0.8  # T not a multiple of CHUNK: the padded tail must be dropped
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A tied-embedding tiny Qwen3 (the head's gradient reaches the embedding twice) + a left-padded batch."""
+    path = tmp_path_factory.mktemp("qwen3_logprobs")
+    hf = build_tiny_qwen3(tiny_qwen3_config(tie_word_embeddings=True), seed=5)
+    hf.save_pretrained(path)
+    model = load_hf(path)
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(3, 320, size=(B, T)).astype(np.int32)
+    valid = np.arange(T)[None, :] >= np.array([[0], [4], [9]])
+    tokens = np.where(valid, tokens, 0)
+    mask = valid & (rng.random((B, T)) < 0.7)
+    return hf, model, tokens, valid, mask
+
+
+def naive(params, config, family, tokens, valid, mask):
+    """The f32[B, T, V] way: full logits, log_softmax, gather; shifted so logp[:, t] scores tokens[:, t]."""
+    hidden, _ = family.forward(params, config, tokens, positions_from_valid(valid), valid)
+    logp_btv = jax.nn.log_softmax(family.unembed(params, config, hidden).astype(jnp.float32) / TEMPERATURE)
+    logp = jnp.take_along_axis(logp_btv[:, :-1], tokens[:, 1:, None], axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1)[:, :-1]
+    scored = valid[:, 1:] & valid[:, :-1] & mask[:, 1:]
+    pad = ((0, 0), (1, 0))
+    return jnp.pad(jnp.where(scored, logp, 0.0), pad), jnp.pad(jnp.where(scored, entropy, 0.0), pad)
+
+
+def chunked(params, config, family, tokens, valid, mask):
+    return token_logprobs(params, config, family, tokens, valid, mask, temperature=TEMPERATURE, chunk=CHUNK)
+
+
+def surrogate(fn, model):
+    """A GRPO-like scalar of (logp, entropy), returning them as aux."""
+    weights = jnp.linspace(-1.0, 1.0, B)[:, None]
+
+    def loss(params, tokens, valid, mask):
+        logp, entropy = fn(params, model.config, model.family, tokens, valid, mask)
+        return jnp.sum(weights * logp) + 0.1 * jnp.sum(entropy), (logp, entropy)
+
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))
+
+
+def test_values_and_grads_equal_naive_and_transformers(setup):
+    hf, model, tokens, valid, mask = setup
+    (_, (logp, entropy)), grads = surrogate(chunked, model)(model.params, tokens, valid, mask)
+    (_, (ref_logp, ref_entropy)), ref_grads = surrogate(naive, model)(model.params, tokens, valid, mask)
+    np.testing.assert_allclose(np.asarray(logp), np.asarray(ref_logp), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(entropy), np.asarray(ref_entropy), atol=1e-5)
+    flat, ref_flat = jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(ref_grads)
+    for (path, g), r in zip(flat, ref_flat):
+        scale = float(np.abs(np.asarray(r)).max())
+        assert scale > 0, f"no gradient reached {jax.tree_util.keystr(path)}"
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-5 * max(1.0, scale), err_msg=jax.tree_util.keystr(path))
+
+    # Independent source: transformers' logits of the same left-padded batch.
+    z = hf_logits(hf, tokens, valid.astype(np.int64)).astype(np.float64) / TEMPERATURE
+    z = z - z.max(-1, keepdims=True)
+    hf_logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    want = np.take_along_axis(hf_logp[:, :-1], tokens[:, 1:, None].astype(np.int64), axis=-1)[..., 0]
+    scored = valid[:, 1:] & valid[:, :-1] & mask[:, 1:]
+    np.testing.assert_allclose(np.asarray(logp)[:, 1:], np.where(scored, want, 0.0), atol=1e-4)
+    want_entropy = -(np.exp(hf_logp) * hf_logp).sum(-1)[:, :-1]
+    np.testing.assert_allclose(np.asarray(entropy)[:, 1:], np.where(scored, want_entropy, 0.0), atol=1e-4)
+    assert (np.asarray(logp)[:, 0] == 0).all() and (np.asarray(logp)[~mask] == 0).all()
+
+
+def _shapes_in(jaxpr, found):
+    """Every intermediate shape of a (closed) jaxpr, sub-jaxprs (scan, remat, pjit, cond) included."""
+    for eqn in jaxpr.eqns:
+        found.update(tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape"))
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    _shapes_in(inner, found)
+    return found
+
+
+def test_no_full_logits_in_forward_or_backward(setup):
+    _, model, tokens, valid, mask = setup
+    vocab = model.config.vocab_size
+
+    def full_logit_shapes(fn):
+        closed = jax.make_jaxpr(surrogate(fn, model))(model.params, tokens, valid, mask)
+        return {s for s in _shapes_in(closed.jaxpr, set()) if s and s[-1] == vocab and int(np.prod(s)) >= B * T * vocab}
+
+    assert full_logit_shapes(naive), "the checker must see the naive version's [B, T, V]"
+    assert full_logit_shapes(chunked) == set()
+
+
+def test_logprob_and_entropy_by_hand():
+    logits = jnp.asarray([[1.0, 2.0, 0.5], [0.0, 0.0, 0.0]])
+    logp, entropy = logprob_and_entropy(logits, jnp.asarray([1, 2]))
+    p = np.exp([1.0, 2.0, 0.5]) / np.exp([1.0, 2.0, 0.5]).sum()
+    np.testing.assert_allclose(np.asarray(logp), [np.log(p[1]), -np.log(3.0)], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(entropy), [-(p * np.log(p)).sum(), np.log(3.0)], rtol=1e-6)
+
+
+def test_bad_arguments(setup):
+    _, model, tokens, valid, mask = setup
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs(model.params, model.config, model.family, tokens, valid, temperature=0.0)
+    with pytest.raises(ValueError, match="chunk"):
+        token_logprobs(model.params, model.config, model.family, tokens, valid, chunk=0)
+    with pytest.raises(AssertionError):
+        token_logprobs(model.params, model.config, model.family, tokens, valid[:, :-1])

@@ -1,0 +1,248 @@
+"""Sampler tests: greedy parity with transformers `generate`, log-probs against a
+teacher-forced pass, filtered distributions against transformers' warpers,
+determinism, sharding.
+
+References are independent of the sampler: transformers' PyTorch `generate`
+(greedy tokens and its per-step logits), a teacher-forced full forward of the
+whole sequence (no cache, no loop), and transformers' own temperature /
+top-k / top-p logits warpers.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers_hf import build_tiny_qwen3, left_pad, tiny_qwen3_config
+from wmrl_jax import sampling
+from wmrl_jax.logprobs import token_logprobs
+from wmrl_jax.models import load_hf, make_mesh
+
+PROMPTS = [
+    [17, 40, 233, 5, 91],
+    [12, 300, 44, 7, 7, 150, 88, 61, 9],
+    [250, 3],
+    [100, 101, 102, 103, 104, 105, 106],
+]
+NEW = 10
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    """(HF torch model, our Model loaded from its save_pretrained folder)."""
+    path = tmp_path_factory.mktemp("qwen3_sampling")
+    hf = build_tiny_qwen3(tiny_qwen3_config(), seed=3)
+    hf.save_pretrained(path)
+    return hf, load_hf(path), path
+
+
+def hf_greedy(hf, prompts, max_new_tokens, eos_id=None):
+    """transformers greedy generate on a left-padded batch -> (new-token lists cut after EOS, per-step logits)."""
+    tokens, mask = left_pad(prompts, pad_id=0)
+    with torch.no_grad():
+        out = hf.generate(
+            input_ids=torch.as_tensor(tokens),
+            attention_mask=torch.as_tensor(mask),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos_id,
+            pad_token_id=0,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    new = out.sequences[:, tokens.shape[1] :].numpy()
+    logits = torch.stack(out.logits, dim=1).float().numpy()  # [B, steps, V]
+    rows = []
+    for row in new.tolist():
+        if eos_id is not None and eos_id in row:
+            row = row[: row.index(eos_id) + 1]
+        rows.append(row)
+    return rows, logits
+
+
+def teacher_forced_logits(model, prompts, news, width=32):
+    """Per row: float64[len(new), V] logits predicting each new token, from one full forward (no cache).
+
+    Rows are right-padded to a fixed `width` (causal attention: padding after
+    a token cannot change it), so every call reuses one compiled forward.
+    """
+    tokens = np.zeros((len(prompts), width), np.int32)
+    valid = np.zeros((len(prompts), width), bool)
+    for row, (prompt, new) in enumerate(zip(prompts, news)):
+        seq = list(prompt) + list(new)
+        tokens[row, : len(seq)], valid[row, : len(seq)] = seq, True
+    logits = np.asarray(model.logits(tokens, valid), np.float64)
+    return [logits[row, len(p) - 1 : len(p) + len(n) - 1] for row, (p, n) in enumerate(zip(prompts, news))]
+
+
+def log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def filtered_logprobs(logits, temperature, top_k=0, top_p=1.0):
+    """Log-probs after transformers' own warpers (temperature, then top-k, then top-p); -inf = removed."""
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    scores = torch.as_tensor(np.atleast_2d(logits), dtype=torch.float64)
+    warpers = [TemperatureLogitsWarper(temperature)]
+    warpers += [TopKLogitsWarper(top_k)] if top_k else []
+    warpers += [TopPLogitsWarper(top_p)] if top_p < 1.0 else []
+    for warp in warpers:
+        scores = warp(None, scores)
+    return torch.log_softmax(scores, dim=-1).numpy().reshape(np.shape(logits))
+
+
+def test_greedy_equals_transformers_with_eos(qwen3):
+    hf, model, _ = qwen3
+    free, hf_logits = hf_greedy(hf, PROMPTS, NEW, eos_id=2)
+    assert all(len(row) == NEW for row in free), "pick another seed: the reference run should not stop early"
+    ours = sampling.generate(model, PROMPTS, max_new_tokens=NEW, temperature=0.0, eos_ids=(2,))
+    assert ours.tokens == free
+    assert list(ours.lengths) == [NEW] * len(PROMPTS) and not ours.finished.any()
+    # Greedy log-probs are the model's own: log_softmax of transformers' per-step logits.
+    for row, tokens in enumerate(free):
+        ref = log_softmax(hf_logits[row].astype(np.float64))[np.arange(NEW), tokens]
+        np.testing.assert_allclose(ours.logprobs[row], ref, atol=1e-4)
+
+    # An EOS id that row 1 emits at step 3 (others may too): those rows stop on it, the batch runs on.
+    eos = free[1][3]
+    ref_rows, _ = hf_greedy(hf, PROMPTS, NEW, eos_id=eos)
+    ours = sampling.generate(model, PROMPTS, max_new_tokens=NEW, temperature=0.0, eos_ids=(eos,))
+    assert ours.tokens == ref_rows
+    assert len(ref_rows[1]) <= 4 and ref_rows[1][-1] == eos
+    assert any(len(r) == NEW and eos not in r for r in ref_rows), "some row should run to max_new_tokens"
+    assert list(ours.lengths) == [len(r) for r in ref_rows]
+    assert list(ours.finished) == [r[-1] == eos for r in ref_rows]
+    assert [len(lp) for lp in ours.logprobs] == [len(r) for r in ref_rows]
+
+
+def test_logprobs_equal_teacher_forced_pass(qwen3):
+    _, model, _ = qwen3
+    temperature = 0.7
+    out = sampling.generate(model, PROMPTS, max_new_tokens=NEW, temperature=temperature, seed=5)
+    for tokens, logp, logits in zip(out.tokens, out.logprobs, teacher_forced_logits(model, PROMPTS, out.tokens)):
+        ref = log_softmax(logits / temperature)
+        np.testing.assert_allclose(logp, ref[np.arange(len(tokens)), tokens], atol=1e-4)
+
+
+def test_top_k_top_p_end_to_end_and_deterministic(qwen3):
+    """The paper's WM sampling (T=0.7, top-k 20, top-p 0.8): log-probs under the filtered distribution."""
+    _, model, _ = qwen3
+    kwargs = dict(max_new_tokens=NEW, temperature=0.7, top_k=20, top_p=0.8)
+    out = sampling.generate(model, PROMPTS, seed=11, **kwargs)
+    for tokens, logp, logits in zip(out.tokens, out.logprobs, teacher_forced_logits(model, PROMPTS, out.tokens)):
+        ref = filtered_logprobs(logits, 0.7, 20, 0.8)
+        picked = ref[np.arange(len(tokens)), tokens]
+        assert np.isfinite(picked).all(), "a token outside the top-k / top-p set was sampled"
+        np.testing.assert_allclose(logp, picked, atol=1e-4)
+    # Determinism: same seed, same everything; another seed, other tokens.
+    again = sampling.generate(model, PROMPTS, seed=11, **kwargs)
+    other = sampling.generate(model, PROMPTS, seed=12, **kwargs)
+    assert again.tokens == out.tokens
+    np.testing.assert_array_equal(np.concatenate(again.logprobs), np.concatenate(out.logprobs))
+    assert other.tokens != out.tokens
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.5, 5, 1.0), (1.5, 0, 0.6), (1.5, 8, 0.9), (1.0, 0, 1.0)])
+def test_choose_tokens_distribution(qwen3, temperature, top_k, top_p):
+    """2048 draws per next-token distribution of real model logits: support, log-probs and frequencies vs numpy."""
+    _, model, _ = qwen3
+    draws = 2048
+    logits = np.stack([rows[-1] for rows in teacher_forced_logits(model, PROMPTS[:2], [[1], [1]])])  # [2, V]
+    logits_nv = np.repeat(logits, draws, axis=0).astype(np.float32)
+    choose = jax.jit(
+        lambda x, rng: sampling.choose_tokens(x, rng, temperature=temperature, top_k=top_k, top_p=top_p)
+    )
+    ids, logp = map(np.asarray, choose(jnp.asarray(logits_nv), jax.random.key(3)))
+    for row in range(2):
+        ref = filtered_logprobs(logits[row], temperature, top_k, top_p)
+        got = ids[row * draws : (row + 1) * draws]
+        assert np.isfinite(ref[got]).all(), "a filtered-out token was drawn"
+        np.testing.assert_allclose(logp[row * draws : (row + 1) * draws], ref[got], atol=1e-5)
+        probs = np.exp(ref)
+        kept = np.flatnonzero(probs > 0)
+        assert kept.size >= 2 and (top_k == 0 or kept.size <= top_k)
+        counts = np.bincount(got, minlength=probs.size)
+        # Each kept token's count is Binomial(draws, p): within 4.5 standard deviations.
+        sigma = np.sqrt(draws * probs[kept] * (1 - probs[kept]))
+        np.testing.assert_array_less(np.abs(counts[kept] - draws * probs[kept]), 4.5 * sigma + 1)
+
+
+def test_sample_inside_a_jitted_step_matches_token_logprobs(qwen3):
+    """`sample` under a caller's jit (static config), then the training-side log-probs of its output.
+
+    At temperature 1 without filters the sampler's log-probs are the model's
+    log-probs of the chosen tokens, which `token_logprobs` recomputes from
+    scratch on prompt + completion (one causal pass, chunked head).
+    """
+    _, model, _ = qwen3
+    prompt_bp, mask_bp = left_pad(PROMPTS, pad_id=0)
+    prompt_bp, mask_bp = jnp.asarray(prompt_bp, jnp.int32), jnp.asarray(mask_bp, bool)
+
+    @jax.jit
+    def rollout(params, prompt_bp, mask_bp, rng):
+        out = sampling.sample(
+            params, model.config, model.family, prompt_bp, mask_bp, rng, max_new_tokens=NEW, temperature=1.0
+        )
+        new_valid = jnp.arange(NEW)[None, :] < out.lengths[:, None]
+        tokens = jnp.concatenate([prompt_bp, out.tokens], axis=1)
+        valid = jnp.concatenate([mask_bp, new_valid], axis=1)
+        completion = jnp.concatenate([jnp.zeros_like(mask_bp), new_valid], axis=1)
+        logp, _ = token_logprobs(params, model.config, model.family, tokens, valid, completion, chunk=8)
+        return out, logp[:, prompt_bp.shape[1] :]
+
+    out, recomputed = rollout(model.params, prompt_bp, mask_bp, jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(out.lengths), NEW)
+    np.testing.assert_allclose(np.asarray(recomputed), np.asarray(out.logprobs), atol=1e-4)
+    assert np.asarray(out.logprobs).std() > 0.1  # a real distribution, not all-greedy
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 4), (8, 1)])
+def test_sharded_generate_and_token_logprobs_equal_one_device(qwen3, mesh_shape):
+    _, model, path = qwen3
+    mesh = make_mesh(mesh_shape, ("fsdp", "tensor"))
+    sharded = load_hf(path, mesh=mesh)
+    q_proj = sharded.params["layers"]["q_proj_dnh"]  # [L, D=32, N=4, H]
+    assert q_proj.addressable_shards[0].data.shape == (2, 32 // mesh_shape[0], 4 // mesh_shape[1], 12)
+    kwargs = dict(max_new_tokens=NEW, temperature=0.7, top_k=20, top_p=0.8, seed=4)
+    one = sampling.generate(model, PROMPTS, **kwargs)
+    many = sampling.generate(sharded, PROMPTS, **kwargs)
+    assert many.tokens == one.tokens
+    np.testing.assert_allclose(np.concatenate(many.logprobs), np.concatenate(one.logprobs), atol=1e-5)
+
+    # token_logprobs on the batch, split over fsdp (8 rows), against one device.
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(3, 320, size=(8, 24)).astype(np.int32)
+    valid = np.arange(24)[None, :] >= rng.integers(0, 12, size=(8, 1))
+    fn = jax.jit(lambda p, t, v: token_logprobs(p, model.config, model.family, t, v, chunk=16))
+    ref = fn(model.params, tokens, valid)
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
+    with jax.set_mesh(mesh):
+        got = fn(sharded.params, jax.device_put(tokens, rows), jax.device_put(valid, rows))
+    assert got[0].sharding.spec[0] == "fsdp"
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+def test_bad_arguments_name_the_argument(qwen3):
+    _, model, _ = qwen3
+    with pytest.raises(ValueError, match="top_p"):
+        sampling.generate(model, PROMPTS, max_new_tokens=4, top_p=0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        sampling.generate(model, PROMPTS, max_new_tokens=4, temperature=-1.0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        sampling.generate(model, PROMPTS, max_new_tokens=0)
+    with pytest.raises(ValueError, match=r"prompts\[1\]: empty"):
+        sampling.generate(model, [[5], []], max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"prompts\[0\]: token ids \[320\]"):
+        sampling.generate(model, [[5, 320]], max_new_tokens=4)
+    with pytest.raises(ValueError, match="model"):
+        sampling.generate(object(), PROMPTS, max_new_tokens=4)
