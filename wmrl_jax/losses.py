@@ -24,35 +24,33 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
-def _expect_shape(name: str, x: Array, shape: tuple[int, ...]) -> None:
-    if tuple(x.shape) != tuple(shape):
-        raise ValueError(f"{name}: shape {tuple(x.shape)}, expected {tuple(shape)}")
+# Thin wrappers over chex so that every failure names the argument and what
+# was expected (chex adds the actual and expected shape/dtype to the message).
+def _expect_shape(name: str, x: Array, shape: tuple[int, ...], what: str = "") -> None:
+    chex.assert_shape(x, tuple(shape), custom_message=f"{name}: expected shape {tuple(shape)} {what}".rstrip())
 
 
 def _expect_rank(name: str, x: Array, rank: int, what: str) -> None:
-    if x.ndim != rank:
-        raise ValueError(f"{name}: shape {tuple(x.shape)}, expected rank {rank} ({what})")
+    chex.assert_rank(x, rank, custom_message=f"{name}: expected rank {rank} {what}")
 
 
 def _expect_float(name: str, x: Array) -> None:
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"{name}: dtype {x.dtype}, expected a floating dtype")
+    chex.assert_type(x, float, custom_message=f"{name}: expected a floating dtype")
 
 
 def _expect_bool(name: str, x: Array) -> None:
-    if x.dtype != jnp.bool_:
-        raise TypeError(f"{name}: dtype {x.dtype}, expected bool")
+    chex.assert_type(x, bool, custom_message=f"{name}: expected dtype bool")
 
 
 def group_advantages(
-        rewards: Array,
-        graded: Array,
-        is_anchor: Array,
-        anchor_weight: Array | float,
-        *,
-        eps: float = 1e-4,
-        min_graded: int = 2,
-        standardize: bool = True,
+    rewards: Array,
+    graded: Array,
+    is_anchor: Array,
+    anchor_weight: Array | float,
+    *,
+    eps: float = 1e-4,
+    min_graded: int = 2,
+    standardize: bool = True,
 ) -> tuple[Array, Array]:
     """Group-relative advantages (GRPO), anchor groups up-weighted.
 
@@ -89,12 +87,12 @@ def group_advantages(
     is_anchor = jnp.asarray(is_anchor)
     _expect_rank("rewards", rewards, 2, "[N groups, G rollouts]")
     _expect_float("rewards", rewards)
-    _expect_shape("graded", graded, rewards.shape)
+    _expect_shape("graded", graded, rewards.shape, "(like rewards, [N, G])")
     _expect_bool("graded", graded)
-    _expect_shape("is_anchor", is_anchor, rewards.shape[:1])
+    _expect_shape("is_anchor", is_anchor, rewards.shape[:1], "([N], one per group of rewards)")
     _expect_bool("is_anchor", is_anchor)
     anchor_weight = jnp.asarray(anchor_weight, dtype=rewards.dtype)
-    _expect_shape("anchor_weight", anchor_weight, ())
+    _expect_shape("anchor_weight", anchor_weight, (), "(a scalar)")
 
     valid = graded & jnp.isfinite(rewards)
     # Zero out invalid entries before any arithmetic: NaN * 0 is still NaN.
@@ -193,19 +191,19 @@ def grpo_loss(
     _expect_rank("logp", logp, 2, "[B sequences, T tokens]")
     _expect_float("logp", logp)
     for name, x in (("old_logp", old_logp), ("ref_logp", ref_logp), ("mask", mask)):
-        _expect_shape(name, jnp.asarray(x), logp.shape)
+        _expect_shape(name, jnp.asarray(x), logp.shape, "(like logp, [B, T])")
     _expect_float("old_logp", jnp.asarray(old_logp))
     _expect_float("ref_logp", jnp.asarray(ref_logp))
     advantages = jnp.asarray(advantages)
     if advantages.shape not in (logp.shape[:1], logp.shape):
-        raise ValueError(
+        raise AssertionError(
             f"advantages: shape {tuple(advantages.shape)}, expected [B] = {logp.shape[:1]} "
             f"or [B, T] = {tuple(logp.shape)}"
         )
     _expect_float("advantages", advantages)
     if entropy is not None:
         entropy = jnp.asarray(entropy)
-        _expect_shape("entropy", entropy, logp.shape)
+        _expect_shape("entropy", entropy, logp.shape, "(like logp, [B, T])")
         _expect_float("entropy", entropy)
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation: {aggregation!r}, expected one of {AGGREGATIONS}")
