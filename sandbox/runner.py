@@ -20,10 +20,8 @@ import pathlib
 import re
 import shutil
 import signal
-import stat
 import tempfile
 import threading
-import time
 from typing import Mapping
 
 from sandbox import grading, isolation

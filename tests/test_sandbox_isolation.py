@@ -13,27 +13,13 @@ import warnings
 import pytest
 
 import sandbox
+from helpers_sandbox import FIX, GOOD, copy_task
 from sandbox import isolation, runner
-
-FIX = pathlib.Path(__file__).parent / "fixtures"
-
-GOOD = '''
-import csv, os
-rows = list(csv.DictReader(open(os.path.join(os.environ["DATA_DIR"], "test.csv"))))
-with open(os.environ["SUBMISSION_PATH"], "w") as f:
-    f.write("id,Age\\n")
-    for r in rows:
-        f.write(f"{r['id']},{3 + 6 * float(r['Length'])}\\n")
-'''
 
 
 @pytest.fixture(scope="module")
 def crab(tmp_path_factory):
-    dst = tmp_path_factory.mktemp("iso") / "playground-series-s3e16"
-    shutil.copytree(FIX / "mle-dojo" / "playground-series-s3e16", dst)
-    for d, _, _ in os.walk(dst):
-        os.chmod(d, 0o755)
-    return sandbox.load_task(dst)
+    return copy_task(tmp_path_factory.mktemp("iso") / "playground-series-s3e16")
 
 
 @pytest.fixture(scope="module")

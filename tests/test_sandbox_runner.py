@@ -2,36 +2,19 @@
 
 import csv
 import os
-import pathlib
 import shutil
 
 import pytest
 from sklearn.metrics import mean_absolute_error
 
 import sandbox
+from helpers_sandbox import FIX, GOOD, copy_task
 from sandbox import isolation
-
-FIX = pathlib.Path(__file__).parent / "fixtures"
-
-# Light solutions (csv module only): a python start costs ~0.3 s here, pandas/sklearn ~1 s more.
-GOOD = '''
-import csv, os
-rows = list(csv.DictReader(open(os.path.join(os.environ["DATA_DIR"], "test.csv"))))
-with open(os.environ["SUBMISSION_PATH"], "w") as f:
-    f.write("id,Age\\n")
-    for r in rows:
-        f.write(f"{r['id']},{3 + 6 * float(r['Length'])}\\n")
-print("wrote", len(rows), "rows")
-'''
 
 
 @pytest.fixture(scope="module")
 def crab(tmp_path_factory):
-    dst = tmp_path_factory.mktemp("tasks") / "playground-series-s3e16"
-    shutil.copytree(FIX / "mle-dojo" / "playground-series-s3e16", dst)
-    for d, _, files in os.walk(dst):
-        os.chmod(d, 0o755)
-    return sandbox.load_task(dst)
+    return copy_task(tmp_path_factory.mktemp("tasks") / "playground-series-s3e16")
 
 
 def _expected_mae(task):
