@@ -13,6 +13,7 @@ is status "unknown" with reward None, never 0.0.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import hashlib
 import os
@@ -115,6 +116,7 @@ _SIGNAL_ERRORS = {
 # Staged world-readable copies of task data whose folders the run's uid cannot read.
 _STAGED: dict[str, str] = {}
 _STAGE_LOCK = threading.Lock()
+_STAGED_ROOTS: list[str] = []
 
 
 def _world_readable(root: pathlib.Path) -> bool:
@@ -136,8 +138,11 @@ def mountable_data_dir(task: Task) -> str:
         if _world_readable(task.public_dir):
             _STAGED[src] = src
             return src
-        dst = os.path.join(tempfile.gettempdir(), f"wmrl-sandbox-data-{os.getpid()}",
-                           hashlib.sha1(src.encode()).hexdigest()[:16])
+        stage_root = os.path.join(tempfile.gettempdir(), f"wmrl-sandbox-data-{os.getpid()}")
+        if not _STAGED_ROOTS:
+            atexit.register(shutil.rmtree, stage_root, True)
+            _STAGED_ROOTS.append(stage_root)
+        dst = os.path.join(stage_root, hashlib.sha1(src.encode()).hexdigest()[:16])
         if not os.path.isdir(dst):
             shutil.copytree(src, dst + ".part", dirs_exist_ok=True)
             for dirpath, _, filenames in os.walk(dst + ".part"):

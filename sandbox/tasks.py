@@ -170,16 +170,21 @@ def load_metric_class(metric_path: str | os.PathLike):
     from sandbox import mledojo_shim
 
     mledojo_shim.install()
-    return _load_metric_class(str(pathlib.Path(metric_path).resolve()))
+    path = pathlib.Path(metric_path).resolve()
+    try:
+        version = path.stat().st_mtime_ns   # a rebuilt task re-imports its metric
+    except OSError as e:
+        raise TaskFormatError(f"metric file {path}: {e.strerror}") from e
+    return _load_metric_class(str(path), version)
 
 
 @functools.lru_cache(maxsize=256)
-def _load_metric_class(path: str):
+def _load_metric_class(path: str, version: int):
     import sys
 
     from mledojo.metrics.base import CompetitionMetrics
 
-    mod_name = "wmrl_task_metric_" + hashlib.sha1(path.encode()).hexdigest()[:16]
+    mod_name = "wmrl_task_metric_" + hashlib.sha1(f"{path}@{version}".encode()).hexdigest()[:16]
     spec = importlib.util.spec_from_file_location(mod_name, path)
     if spec is None or spec.loader is None:
         raise TaskFormatError(f"metric file {path}: cannot be imported")

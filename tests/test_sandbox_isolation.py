@@ -235,6 +235,17 @@ print("uid", os.getuid(), "pid", os.getpid())
     assert uid == r.isolation["uid"] and uid != 0 and pid <= 3
 
 
+def test_blas_and_joblib_see_the_cpu_cap(crab):
+    # What sklearn's n_jobs=-1 and numpy's BLAS will actually use, not just the env vars.
+    code = """
+import joblib, numpy, threadpoolctl
+print("joblib", joblib.cpu_count(), "effective", joblib.effective_n_jobs(-1))
+print("blas", sorted({p["num_threads"] for p in threadpoolctl.threadpool_info()}))
+"""
+    r = sandbox.run_solution(crab, code, timeout_s=120, cpus=2)
+    assert "joblib 2 effective 2" in r.feedback and "blas [2]" in r.feedback, r.feedback
+
+
 def test_unreadable_task_data_is_staged(crab, baseline, tmp_path):
     dst = tmp_path / "private-perms"
     shutil.copytree(crab.root, dst)

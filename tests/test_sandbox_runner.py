@@ -106,8 +106,6 @@ def test_infrastructure_failures_are_unknown_never_zero(crab, tmp_path, monkeypa
     task = sandbox.load_task(broken)
     (broken / "data" / "private" / "test_answer.csv").write_text("garbage\x00\x01")
     os.remove(broken / "utils" / "metric.py")
-    import sandbox.tasks as tasks_mod
-    tasks_mod._load_metric_class.cache_clear()
     r = sandbox.run_solution(task, GOOD, timeout_s=60)
     assert (r.status, r.reward) == ("unknown", None)
     # The sandbox cannot start.
