@@ -214,7 +214,13 @@ def run_solution(task: Task, code, *, timeout_s: float = 600.0, memory_mb: int =
                            feedback=grading.execution_feedback(status="unknown", wall_s=0.0, stdout="",
                                                                stderr=f"{type(e).__name__}: {e}", grade=None,
                                                                error_type=None, timeout_s=limits.timeout_s))
-        return _classify(task, sha, raw, run_dir, limits, feedback_chars)
+        try:
+            return _classify(task, sha, raw, run_dir, limits, feedback_chars)
+        except Exception as e:   # grading broke on something unforeseen: unscored, not zero
+            return _result(task, sha, "unknown", raw=raw, error_type=type(e).__name__,
+                           feedback=grading.execution_feedback(status="unknown", wall_s=raw.wall_s, stdout="",
+                                                               stderr=f"{type(e).__name__}: {e}", grade=None,
+                                                               error_type=None, timeout_s=limits.timeout_s))
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 

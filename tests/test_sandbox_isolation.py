@@ -105,6 +105,13 @@ print("roots", sorted(os.listdir("/")))
     assert "roots ['bin', 'dev', 'etc', 'lib', 'lib64', 'proc', 'root', 'sandbox', 'sbin', 'tmp', 'usr']" in r.feedback
 
 
+def test_submission_symlink_to_the_answers_scores_nothing(crab, baseline):
+    # Even knowing the host path of the answers, a link to it is not graded as a submission.
+    code = f"import os\nos.symlink({str(crab.answer_path)!r}, os.environ['SUBMISSION_PATH'])\n"
+    r = sandbox.run_solution(crab, code, timeout_s=60)
+    assert (r.status, r.reward) == ("ran_no_sub", 0.2) and "regular file" in r.feedback, r.feedback
+
+
 def test_no_network_not_even_host_loopback(crab, baseline):
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
