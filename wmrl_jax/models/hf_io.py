@@ -152,17 +152,21 @@ def load_hf(path, *, dtype: Any = "float32", mesh: jax.sharding.Mesh | None = No
     files = _open_checkpoint(path)
 
     ignore = [re.compile(p) for p in getattr(family, "hf_ignore", lambda c: ())(config)]
-    wanted = {key for entry in table for key in _expand(entry, num_layers)}
-    missing = sorted(wanted - files.keys())
+    wanted = {key: entry.hf_shape for entry in table for key in _expand(entry, num_layers)}
+    missing = [f"{k} (expected shape {wanted[k]})" for k in sorted(wanted.keys() - files.keys())]
     if missing:
-        raise ValueError(f"{path}: missing tensor(s) {missing[:8]}{' ...' if len(missing) > 8 else ''}")
-    unexpected = sorted(k for k in files.keys() - wanted if not any(p.search(k) for p in ignore))
+        raise ValueError(f"{path}: missing tensor(s): {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+    unexpected = [
+        f"{k} (shape {files[k].shape(k)})"
+        for k in sorted(files.keys() - wanted.keys())
+        if not any(p.search(k) for p in ignore)
+    ]
     if unexpected:
         raise ValueError(
-            f"{path}: unexpected tensor(s) {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''} "
-            f"for model_type {hf_config['model_type']!r} (not in the family's table)"
+            f"{path}: unexpected tensor(s): {', '.join(unexpected[:8])}{' ...' if len(unexpected) > 8 else ''}; "
+            f"the {hf_config['model_type']!r} table has no such key"
         )
-    skipped = sorted(k for k in files.keys() - wanted)
+    skipped = sorted(files.keys() - wanted.keys())
     if skipped:
         print(f"load_hf: ignoring {len(skipped)} tensor(s) not used by the text model, e.g. {skipped[0]}")
     for entry in table:
