@@ -119,8 +119,11 @@ def _read_model_type(path: Path) -> str:
     return model_type
 
 
-def _expand(entry: HfTensor, num_layers: int) -> list[str]:
-    return [entry.key.format(layer=i) for i in range(num_layers)] if entry.stacked else [entry.key]
+def _expand(entry: HfTensor, expected: dict) -> list[str]:
+    """The HF keys of one entry: layer i of a stacked leaf is key.format(layer=i), i < its leading dim."""
+    if not entry.stacked:
+        return [entry.key]
+    return [entry.key.format(layer=i) for i in range(_get_path(expected, entry.path).shape[0])]
 
 
 def _get_path(tree: dict, path: tuple[str, ...]):
@@ -148,11 +151,10 @@ def load_hf(path, *, dtype: Any = "float32", mesh: jax.sharding.Mesh | None = No
     table = family.hf_table(config)
     axes = family.param_axes(config)
     expected = jax.eval_shape(lambda: family.init_params(config, jax.random.key(0), dtype))
-    num_layers = _num_layers(table, expected)
     files = _open_checkpoint(path)
 
     ignore = [re.compile(p) for p in getattr(family, "hf_ignore", lambda c: ())(config)]
-    wanted = {key: entry.hf_shape for entry in table for key in _expand(entry, num_layers)}
+    wanted = {key: entry.hf_shape for entry in table for key in _expand(entry, expected)}
     missing = [f"{k} (expected shape {wanted[k]})" for k in sorted(wanted.keys() - files.keys())]
     if missing:
         raise ValueError(f"{path}: missing tensor(s): {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
@@ -170,27 +172,22 @@ def load_hf(path, *, dtype: Any = "float32", mesh: jax.sharding.Mesh | None = No
     if skipped:
         print(f"load_hf: ignoring {len(skipped)} tensor(s) not used by the text model, e.g. {skipped[0]}")
     for entry in table:
-        for key in _expand(entry, num_layers):
+        for key in _expand(entry, expected):
             if files[key].shape(key) != entry.hf_shape:
                 raise ValueError(f"tensor {key}: shape {files[key].shape(key)}, expected {entry.hf_shape}")
 
     params: dict = {}
     for entry in tqdm(table, desc="load_hf", leave=False):
         want = _get_path(expected, entry.path)
-        shape = ((num_layers,) if entry.stacked else ()) + entry.param_shape
+        shape = ((want.shape[0],) if entry.stacked else ()) + entry.param_shape
         if tuple(want.shape) != shape:
             raise ValueError(f"family table for {entry.key}: param {entry.path} shape {shape}, init gives {want.shape}")
         if mesh is None:
             sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         else:
             sharding = shd.named_sharding(mesh, _get_path(axes, entry.path), shape)
-        _set_path(params, entry.path, jax.make_array_from_callback(shape, sharding, _reader(entry, files, dtype, num_layers)))
+        _set_path(params, entry.path, jax.make_array_from_callback(shape, sharding, _reader(entry, files, dtype, shape[0])))
     return Model(config=config, params=params, family=family, mesh=mesh)
-
-
-def _num_layers(table: list[HfTensor], expected: dict) -> int:
-    stacked = [e for e in table if e.stacked]
-    return int(_get_path(expected, stacked[0].path).shape[0]) if stacked else 0
 
 
 def _reader(entry: HfTensor, files: dict, dtype, num_layers: int):
