@@ -37,7 +37,8 @@ def _load_hf_torch(path, dtype=torch.float32):
 @pytest.mark.parametrize("which", ["untied", "tied"])
 def test_save_hf_round_trip_through_transformers_is_exact(which, request, tmp_path):
     src = request.getfixturevalue(which)
-    out = models.save_hf(models.load_hf(src), tmp_path / "out")
+    tokenizer = models.load_tokenizer(src) if which == "untied" else None
+    out = models.save_hf(models.load_hf(src), tmp_path / "out", tokenizer=tokenizer)
     original, reloaded = _load_hf_torch(src), _load_hf_torch(out)
     assert type(reloaded).__name__ == "Qwen3ForCausalLM"
     for key, value in original.state_dict().items():
@@ -47,6 +48,9 @@ def test_save_hf_round_trip_through_transformers_is_exact(which, request, tmp_pa
     stored = safetensors.numpy.load_file(out / "model.safetensors")
     assert ("lm_head.weight" in stored) == (which == "untied")
     assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] == (which == "tied")
+    if tokenizer is not None:
+        text = "<|im_start|>user\nscore = 0.5<|im_end|>\n"
+        assert transformers.AutoTokenizer.from_pretrained(out)(text)["input_ids"] == tokenizer(text)["input_ids"]
 
 
 def test_hf_sharded_checkpoint_loads(tmp_path):

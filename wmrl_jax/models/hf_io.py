@@ -206,11 +206,13 @@ def _reader(entry: HfTensor, files: dict, dtype, num_layers: int):
     return callback
 
 
-def save_hf(model: Model, path, *, max_shard_bytes: int | None = None) -> Path:
+def save_hf(model: Model, path, *, max_shard_bytes: int | None = None, tokenizer=None) -> Path:
     """Writes `model` as an HF folder (config.json + safetensors) that transformers loads.
 
     Tensors are written in the params' dtype, one at a time from the devices;
-    with `max_shard_bytes` a sharded set + index is written instead of one file.
+    with `max_shard_bytes` a sharded set + index is written instead of one
+    file. A `tokenizer` (e.g. from `load_tokenizer`) is saved alongside, so
+    the folder serves as is.
     """
     import transformers
 
@@ -224,6 +226,8 @@ def save_hf(model: Model, path, *, max_shard_bytes: int | None = None) -> Path:
     hf_config = transformers.AutoConfig.for_model(model_type, **hf_kwargs)
     hf_config.dtype = str(jnp.dtype(dtype).name)
     hf_config.save_pretrained(path)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
 
     tensors = []
     for entry in family.hf_table(config):
