@@ -1,7 +1,7 @@
 r"""Sandbox cost: per-run isolation overhead and pool throughput, against bare subprocesses.
 
   python launch/bench_sandbox.py --quick        # ~2 min on 2 loaded CPU cores
-  python launch/bench_sandbox.py --repeats=40 --pool-runs=16 --workers=2   # ~5 min
+  python launch/bench_sandbox.py                # ~4 min (30 trivial runs per mode, 8 reference solutions)
 
 1. Isolation overhead. A trivial solution (`pass`) is started `--repeats`
    times each way, interleaved so machine load hits both alike:
@@ -149,12 +149,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
     parser.add_argument("--repeats", type=int, default=None, help="trivial runs per mode (default 30; quick 10)")
-    parser.add_argument("--pool-runs", type=int, default=None, help="reference solutions (default 16; quick 4)")
+    parser.add_argument("--pool-runs", type=int, default=None, help="reference solutions (default 8; quick 4)")
     parser.add_argument("--workers", type=int, default=2, help="pool concurrency")
     parser.add_argument("--timeout", type=float, default=300.0, help="per-solution limit, seconds")
     args = parser.parse_args(argv)
     repeats = args.repeats or (10 if args.quick else 30)
-    pool_runs = args.pool_runs or (4 if args.quick else 16)
+    pool_runs = args.pool_runs or (4 if args.quick else 8)
 
     import sandbox
 
