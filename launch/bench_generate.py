@@ -1,0 +1,161 @@
+r"""Greedy decoding speed: our jitted sampler vs transformers `generate` (PyTorch CPU), same weights.
+
+    python launch/bench_generate.py            # hidden 512, 8 layers, vocab 32k, batch 32, 128 + 256 tokens
+    python launch/bench_generate.py --quick    # a smaller run (seconds), same code paths
+
+Builds a random Qwen3 with transformers, saves it with `save_pretrained`, loads
+it with `wmrl_jax.models.load_hf`, and decodes the same left-padded prompts
+greedily with both (every row runs the full `--new_tokens`: no EOS). Reports,
+measured in this run: compile time of our sampler (lower + compile of the one
+prefill + while-loop program), wall time of a compiled call, transformers'
+wall time (after a short warm-up call), new tokens/s of each, the ratio, and
+how many greedy tokens agree (f32 on both sides; long greedy runs on random
+weights can diverge after a near-tie, so this is reported, not asserted).
+Each side is timed `--repeats` times and the best time is kept (the machine
+may be shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+import numpy as np
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=32_000)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--kv_heads", type=int, default=4)
+    parser.add_argument("--head_dim", type=int, default=64)
+    parser.add_argument("--intermediate", type=int, default=1536, help="MLP width (3x hidden, as Qwen3-0.6B)")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--prompt_len", type=int, default=128)
+    parser.add_argument("--new_tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per side; the best is kept")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="hidden 256, 4 layers, vocab 8k, batch 8, 32 + 32 tokens")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.hidden, args.layers, args.vocab, args.heads, args.kv_heads = 256, 4, 8000, 4, 2
+        args.head_dim, args.intermediate, args.batch, args.prompt_len, args.new_tokens = 64, 768, 8, 32, 32
+        args.repeats = 1
+    return args
+
+
+def build_checkpoint(args, path: str):
+    """A random f32 Qwen3ForCausalLM (weights ~ N(0, 0.02), as HF inits) saved to `path`; returns the torch model."""
+    import torch
+    import transformers
+
+    config = transformers.Qwen3Config(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        max_position_embeddings=args.prompt_len + args.new_tokens,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    torch.manual_seed(args.seed)
+    model = transformers.Qwen3ForCausalLM(config).to(torch.float32).eval()
+    model.save_pretrained(path)
+    return model
+
+
+def make_prompts(args) -> list[list[int]]:
+    rng = np.random.default_rng(args.seed)
+    return rng.integers(1, args.vocab, size=(args.batch, args.prompt_len)).tolist()
+
+
+def time_ours(model, prompts, args) -> tuple[float, float, list[list[int]]]:
+    """(compile seconds, best wall seconds of a compiled call, tokens)."""
+    import jax
+
+    from wmrl_jax import sampling
+
+    kwargs = dict(max_new_tokens=args.new_tokens, temperature=0.0)
+    tokens = np.asarray(prompts, np.int32)
+    start = time.perf_counter()
+    sampling._sample_jit.lower(
+        model.params, model.config, model.family, tokens, np.ones(tokens.shape, bool), jax.random.key(0),
+        active=np.ones(len(prompts), bool), eos_ids=np.zeros((0,), np.int32), pad_id=0, **kwargs,
+    ).compile()
+    compile_s = time.perf_counter() - start
+    sampling.generate(model, prompts, **kwargs)  # fills generate's own jit cache (same program)
+    return compile_s, *_best(lambda: sampling.generate(model, prompts, **kwargs).tokens, args.repeats)
+
+
+def time_transformers(hf_model, prompts, args) -> tuple[float, list[list[int]]]:
+    """(best wall seconds, tokens) of greedy `generate` with a KV cache, after a 2-token warm-up."""
+    import torch
+
+    input_ids = torch.as_tensor(np.asarray(prompts, np.int64))
+    mask = torch.ones_like(input_ids)
+
+    def run(new_tokens):
+        with torch.inference_mode():
+            out = hf_model.generate(
+                input_ids=input_ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=0,
+            )
+        return out[:, input_ids.shape[1] :].tolist()
+
+    run(2)
+    return _best(lambda: run(args.new_tokens), args.repeats)
+
+
+def _best(fn, repeats):
+    best, out = float("inf"), None
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - start)
+    return best, out
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from wmrl_jax.models import load_hf
+
+    prompts = make_prompts(args)
+    new = args.batch * args.new_tokens
+    with tempfile.TemporaryDirectory() as path:
+        hf_model = build_checkpoint(args, path)
+        model = load_hf(path)
+    print(
+        f"model: hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}, heads {args.heads}/{args.kv_heads}, "
+        f"head_dim {args.head_dim}, mlp {args.intermediate}; batch {args.batch}, prompt {args.prompt_len}, "
+        f"new {args.new_tokens} (greedy, f32, torch threads {torch.get_num_threads()})",
+        flush=True,
+    )
+    compile_s, ours_s, ours_tokens = time_ours(model, prompts, args)
+    print(f"wmrl_jax sampler: compile {compile_s:.1f} s, run {ours_s:.2f} s -> {new / ours_s:.1f} new tokens/s", flush=True)
+    hf_s, hf_tokens = time_transformers(hf_model, prompts, args)
+    print(f"transformers generate: run {hf_s:.2f} s -> {new / hf_s:.1f} new tokens/s", flush=True)
+    agree = np.mean(np.asarray(ours_tokens) == np.asarray(hf_tokens))
+    ratio = hf_s / ours_s
+    print(f"ratio (ours / transformers tokens/s): {ratio:.2f}x; greedy tokens equal: {agree:.1%}")
+    return {"compile_s": compile_s, "ours_s": ours_s, "hf_s": hf_s, "ratio": ratio, "agree": agree}
+
+
+if __name__ == "__main__":
+    main()
