@@ -25,6 +25,7 @@ from sandbox.grading import (
     ladder_reward,
 )
 from sandbox.isolation import Limits
+from sandbox.pool import SandboxPool
 from sandbox.runner import ExecutionResult, extract_code, run_solution
 from sandbox.scoring import AvgAtK, avg_at_k, board_position, position_score
 from sandbox.tasks import Task, TaskFormatError, load_task
@@ -36,9 +37,3 @@ __all__ = [
     "grade_submission", "ladder_reward", "load_task", "position_score", "run_solution",
 ]
 
-
-def __getattr__(name):   # the pool pulls in concurrency machinery only when used
-    if name == "SandboxPool":
-        from sandbox.pool import SandboxPool
-        return SandboxPool
-    raise AttributeError(f"module 'sandbox' has no attribute {name!r}")
