@@ -21,9 +21,11 @@ def main(argv=None) -> int:
     b.add_argument("--timeout-s", type=float, default=300.0, help="per-solution time limit")
     args = parser.parse_args(argv)
     start = time.time()
-    manifest = build(args.out, seed=args.seed, tasks=[t for t in args.tasks.split(",") if t] or None,
-                     population=args.population, workers=args.workers, timeout_s=args.timeout_s)
-    print(f"built {len(manifest['tasks'])} tasks under {args.out} in {time.time() - start:.0f} s")
+    tasks = [t for t in args.tasks.split(",") if t] or None
+    manifest = build(args.out, seed=args.seed, tasks=tasks, population=args.population, workers=args.workers,
+                     timeout_s=args.timeout_s)
+    built = len(tasks) if tasks else len(manifest["tasks"])
+    print(f"built {built} task(s) in {time.time() - start:.0f} s; {args.out} holds {len(manifest['tasks'])} tasks")
     return 0
 
 

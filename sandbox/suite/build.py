@@ -80,6 +80,10 @@ def _execute(tasks: dict, jobs: list[Job], workers: int, timeout_s: float, progr
         results = []
         for fut in tqdm(futures, desc="reference solutions", unit="run", disable=not progress):
             results.append(fut.result())
+        stats = pool.stats()
+    if progress:
+        tqdm.write(f"sandbox pool: {stats['executions']} runs, {stats['cpu_s']:.0f} CPU-s and "
+                   f"{stats['wall_s']:.0f} wall-s inside sandboxes, by status {stats['by_status']}")
     return results
 
 
