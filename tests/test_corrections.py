@@ -41,14 +41,19 @@ def _stream(seed, steps, n=4, g=6):
         yield (wm.astype(np.float32), wm_graded, real.astype(np.float32), real_graded, anchor)
 
 
-def _run(mode, steps, seed, dtype_tol):
+# One jitted step for all tests: the ablation switches are state data, so only
+# `standardize`, the calibration kind and the dtype cost a compile.
+STEP = jax.jit(C.correct_step)
+
+
+def _run(mode, steps, seed, dtype_tol, cast=np.float32):
     standardize = mode.pop("standardize", True)
     state = C.init_correction_state(**SMALL, **mode)
     loop = ref.CorrectionLoop(**SMALL, **mode)
-    step = jax.jit(lambda s, *a: C.correct_step(s, *a, standardize=standardize))
     seen = dict(fits=0, c=False, evicted=False)
     for wm, wmg, real, realg, anchor in _stream(seed, steps):
-        state, out = step(state, wm, wmg, real, realg, anchor)
+        wm, real = wm.astype(cast), real.astype(cast)
+        state, out = STEP(state, wm, wmg, real, realg, anchor, standardize=standardize)
         want = loop.step(ref.to_lists(wm, wmg), ref.to_lists(real, realg), list(anchor),
                          standardize=standardize)
         graded = np.asarray(out["graded"])
@@ -89,3 +94,164 @@ def test_correct_step_matches_reference_stream(mode):
         assert seen["fits"] >= 5, "the stream must exercise refits"
     assert seen["evicted"], "the stream must overflow the FIFO"
     assert seen["c"], "the stream must fix the constant c"
+
+
+# ------------------------------------------------------------- hand-worked
+
+
+def test_group_disagreement_by_hand():
+    # d - mean d = [-1, 0, 1], s - mean s = [-2, 0, 2]: residual [1, 0, -1],
+    # mean square 2/3, var(s) = 8/3 -> s^2 = 1/4. The masked 4th entry is ignored.
+    f = jax.jit(jax.vmap(C.group_disagreement))
+    s2, ok = f(jnp.array([[0.0, 1.0, 2.0, 9.0], [0.1, 0.7, 0.0, 0.0]]),
+               jnp.array([[0.0, 2.0, 4.0, -9.0], [0.2, 0.2, 0.0, 0.0]]),
+               jnp.array([[True, True, True, False], [True, True, False, False]]))
+    assert bool(ok[0]) and float(s2[0]) == pytest.approx(0.25, abs=1e-6)
+    assert not bool(ok[1]) and float(s2[1]) == 0.0  # degenerate: skipped, not 0-valued
+
+
+def test_bias_stats_by_hand():
+    # Centred x [-.5, .5], y [-1.5, 1.5]: residual [1, -1] -> before = 1.
+    # A map sending 0 -> 0, 1 -> 3 removes it all: after = 0, reduction = 1.
+    x, y = jnp.array([0.0, 1.0]), jnp.array([0.0, 3.0])
+    ident = C.MonotoneMap(x, x, jnp.int32(2), jnp.array(False))  # invalid -> identity
+    fitted = C.MonotoneMap(x, y, jnp.int32(2), jnp.array(True))
+    got = jax.jit(lambda a, b: (C.bias_stats(x, y, a), C.bias_stats(x, y, b)))(ident, fitted)
+    assert [float(v) for v in got[0]] == pytest.approx([1.0, 1.0, 0.0])
+    assert [float(v) for v in got[1]] == pytest.approx([1.0, 0.0, 1.0], abs=1e-6)
+
+
+def _pad(*arrays, shape=(4, 6)):
+    """Embed hand-sized [n, g] inputs in the stream tests' shape (one compile):
+    padding rollouts are ungraded, padding groups are not anchors."""
+    out = []
+    for a in arrays:
+        a = np.asarray(a)
+        full = np.zeros(shape[: a.ndim], a.dtype)
+        full[tuple(slice(0, s) for s in a.shape)] = a
+        out.append(full)
+    return out
+
+
+def _steps_by_hand(denoise):
+    state = C.init_correction_state(**dict(SMALL, warmup=2, half_life=1.0), debias=False,
+                                    denoise=denoise)
+    t = np.ones((2, 3), bool)
+    # step 1: s^2 = 1/4 then 0; alpha = 1 - 0.5 = 1/2 -> EWMA 1/8, c = (2-1)/(1/8) = 8.
+    wm = np.array([[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]], np.float32)
+    real = np.array([[0.0, 2.0, 4.0], [0.0, 1.0, 2.0]], np.float32)
+    state, out1 = STEP(state, *_pad(wm, t, real, t, np.array([True, True])))
+    # step 2: reversed ranking, s^2 = (8/3)/(2/3) = 4 -> EWMA 1/16 + 2 = 2.0625.
+    wm = np.array([[2.0, 1.0, 0.0], [0.3, 0.3, 0.3]], np.float32)
+    real = np.array([[0.0, 1.0, 2.0], [0.5, 0.5, 0.5]], np.float32)  # 2nd: degenerate, skipped
+    state, out2 = STEP(state, *_pad(wm, t, real, t, np.array([True, False])))
+    return state, out1, out2
+
+
+def test_inverse_variance_weight_by_hand():
+    state, out1, out2 = _steps_by_hand(denoise=True)
+    assert float(state.c) == pytest.approx(8.0)
+    assert float(out1["anchor_weight"]) == pytest.approx(2.0)  # the target, at the moment c is fixed
+    assert float(out2["disagreement"]) == pytest.approx(2.0625)
+    assert float(out2["anchor_weight"]) == pytest.approx(4.0)  # 1 + 8 * 2.0625 clipped to w_max
+    # Anchor advantages carry the weight: real [0, 1, 2] standardised, times 4.
+    z = (np.array([0.0, 1.0, 2.0]) - 1.0) / (np.sqrt(2 / 3) + 1e-4)
+    np.testing.assert_allclose(np.asarray(out2["advantages"][0, :3]), 4.0 * z, rtol=1e-5)
+    _, _, out2 = _steps_by_hand(denoise=False)
+    assert float(out2["anchor_weight"]) == 1.0
+    assert float(out2["disagreement"]) == pytest.approx(2.0625)  # still tracked
+
+
+def test_calibrated_group_uses_the_map_and_order_matters():
+    """A refit triggered by an anchor group applies to the groups after it
+    in the same step, not to those before it (the reference's order)."""
+    state = C.init_correction_state(**dict(SMALL, min_pairs=4, refit_every=4))
+    t = np.ones((3, 4), bool)
+    wm = np.array([[0.05, 0.15, 0.55, 0.95]] * 3, np.float32)
+    real = np.array([[0.0, 0.0, 1.0, 1.0]] * 3, np.float32)
+    state, out = STEP(state, *_pad(wm, t, real, t, np.array([False, True, False])))
+    out = {k: (v[:3, :4] if k == "rewards" else v) for k, v in out.items()}
+    np.testing.assert_allclose(np.asarray(out["rewards"][0]), wm[0])  # before the fit: identity
+    np.testing.assert_allclose(np.asarray(out["rewards"][1]), real[1])  # anchor: real rewards
+    np.testing.assert_allclose(np.asarray(out["rewards"][2]), [0.0, 0.0, 1.0, 1.0], atol=1e-6)
+    assert int(out["n_fits"]) == 1 and bool(out["calibrated"])
+
+
+# ----------------------------------------------------------------- bad input
+
+
+def test_nonfinite_rewards_are_ungraded_and_never_reach_advantages():
+    state = C.init_correction_state(**SMALL)
+    wm = np.array([[0.1, np.nan, 0.3, 0.4], [0.5, 0.2, np.inf, 0.9]], np.float32)
+    real = np.array([[0.0, 0.5, np.nan, 1.0], [0.1, 0.2, 0.3, 0.4]], np.float32)
+    t = np.ones((2, 4), bool)
+    state, out = STEP(state, *_pad(wm, t, real, t, np.array([True, False])))
+    graded = np.asarray(out["graded"])[:2, :4]
+    np.testing.assert_array_equal(graded, [[True, True, False, True], [True, True, False, True]])
+    assert np.isfinite(np.asarray(out["advantages"])).all()
+    assert np.isfinite(np.asarray(out["rewards"])).all()
+    assert int(out["pairs_in_buffer"]) == 2  # pairs need both scores finite: cols 0 and 3
+
+
+def test_bad_shapes_and_dtypes_name_the_argument():
+    state = C.init_correction_state()
+    r, g, a = np.zeros((2, 3), np.float32), np.ones((2, 3), bool), np.array([True, False])
+    with pytest.raises(ValueError, match=r"real_rewards: shape \(2, 4\), expected \(2, 3\)"):
+        C.correct_step(state, r, g, np.zeros((2, 4), np.float32), g, a)
+    with pytest.raises(ValueError, match=r"is_anchor: shape \(3,\), expected \(2,\)"):
+        C.correct_step(state, r, g, r, g, np.ones(3, bool))
+    with pytest.raises(TypeError, match="wm_graded: dtype float32, expected bool"):
+        C.correct_step(state, r, r, r, g, a)
+    with pytest.raises(TypeError, match="wm_rewards: dtype int32, expected a floating dtype"):
+        C.correct_step(state, r.astype(np.int32), g, r, g, a)
+    with pytest.raises(ValueError, match="wm_rewards: shape"):
+        C.correct_step(state, np.zeros(3, np.float32), g, r, g, a)
+    with pytest.raises(ValueError, match="calibration: 'spline'"):
+        C.init_correction_state(calibration="spline")
+
+
+# ------------------------------------------------------------ anchor schedule
+
+
+def test_select_anchor_groups_counts_cap_and_determinism():
+    # want = max(min_per_step, round(fraction * n)) = max(1, round(2.0)) = 2
+    a = C.select_anchor_groups(123, 8, fraction=0.25, min_per_step=1)
+    assert list(a) == sorted(set(a.tolist())) and len(a) == 2 and a.min() >= 0 and a.max() < 8
+    np.testing.assert_array_equal(a, C.select_anchor_groups(123, 8, fraction=0.25, min_per_step=1))
+    assert len(C.select_anchor_groups(0, 8, fraction=0.0, min_per_step=1)) == 1  # the floor
+    assert len(C.select_anchor_groups(0, 3, fraction=0.5, min_per_step=5)) == 3  # <= n_groups
+    assert len(C.select_anchor_groups(0, 8, fraction=1.0, min_per_step=1, max_concurrent=5,
+                                      in_flight=2)) == 3  # cap - in flight
+    assert len(C.select_anchor_groups(0, 8, fraction=1.0, min_per_step=1, max_concurrent=2,
+                                      in_flight=4)) == 0
+    gen1, gen2 = np.random.default_rng(5), np.random.default_rng(5)
+    draws1 = [C.select_anchor_groups(gen1, 10, fraction=0.3, min_per_step=1) for _ in range(5)]
+    draws2 = [C.select_anchor_groups(gen2, 10, fraction=0.3, min_per_step=1) for _ in range(5)]
+    for d1, d2 in zip(draws1, draws2):
+        np.testing.assert_array_equal(d1, d2)
+    assert len({tuple(d) for d in draws1}) > 1  # a Generator advances between steps
+    key = jax.random.key(3)
+    k1 = C.select_anchor_groups(key, 16, fraction=0.25, min_per_step=1)
+    np.testing.assert_array_equal(k1, C.select_anchor_groups(key, 16, fraction=0.25, min_per_step=1))
+    assert len(set(k1.tolist())) == 4
+    with pytest.raises(ValueError, match="fraction"):
+        C.select_anchor_groups(0, 8, fraction=1.5, min_per_step=1)
+
+
+def test_state_is_a_checkpointable_pytree_and_stats_are_the_four_numbers():
+    state = C.init_correction_state(cap=16, bins=4)
+    leaves, treedef = jax.tree.flatten(state)
+    assert all(isinstance(x, jax.Array) for x in leaves)
+    again = jax.tree.unflatten(treedef, leaves)
+    assert again.config == state.config and again.config.cap == 16
+    stats = C.correction_stats(state)
+    assert set(stats) == {"anchor_fraction", "calibrated", "bias_reduction", "anchor_weight"}
+    assert float(stats["anchor_weight"]) == 1.0 and not bool(stats["calibrated"])
+
+
+# Last in the file: leaving the x64 context drops jit caches, so the float32
+# tests above would otherwise compile twice.
+def test_correct_step_matches_reference_in_float64():
+    with jax.enable_x64(True):
+        seen = _run(dict(), steps=110, seed=7, dtype_tol=1e-9, cast=np.float64)
+    assert seen["fits"] >= 3 and seen["c"]

@@ -108,7 +108,9 @@ def interpolate(fitted: MonotoneMap, x_new: Array) -> Array:
     k = kx.shape[0]
     # Padding knots must sort after every query for searchsorted.
     kx_sorted = jnp.where(jnp.arange(k) < n, kx, jnp.inf)
-    i = jnp.searchsorted(kx_sorted, x_new, side="right") - 1
+    # Few knots (the binned map): one dense comparison, cheap to compile.
+    method = "compare_all" if k <= 64 else "scan"
+    i = jnp.searchsorted(kx_sorted, x_new, side="right", method=method) - 1
     i = jnp.clip(i, 0, jnp.maximum(n - 2, 0))
     j = jnp.minimum(i + 1, k - 1)
     x0, x1, y0, y1 = kx[i], kx[j], ky[i], ky[j]
@@ -188,11 +190,10 @@ def binned_fit_from_sums(sum_x: Array, sum_y: Array, count: Array) -> MonotoneMa
     fitted = jnp.max(jnp.where(lower & pop[:, None], min_k, -jnp.inf), axis=0)  # [i]
     mean_x = sum_x / jnp.where(pop, cnt, 1.0)
     # Compact the populated bins to the front, in bin order.
-    order = jnp.argsort(jnp.where(pop, idx, bins + idx))
+    dest = jnp.where(pop, jnp.cumsum(pop) - 1, bins)
+    knots_x = jnp.zeros((bins,), dtype).at[dest].set(mean_x, mode="drop")
+    knots_y = jnp.zeros((bins,), dtype).at[dest].set(fitted, mode="drop")
     n = pop.sum().astype(jnp.int32)
-    used = jnp.arange(bins) < n
-    knots_x = jnp.where(used, mean_x[order], 0.0)
-    knots_y = jnp.where(used, fitted[order], 0.0)
     return MonotoneMap(knots_x, knots_y, n, n >= 2)
 
 

@@ -149,18 +149,14 @@ def group_disagreement(calibrated: Array, real: Array, mask: Array | None = None
 
 @dataclasses.dataclass(frozen=True)
 class CorrectionConfig:
-    """Static settings (hashable: part of the jit cache key). Paper values."""
+    """What fixes array shapes or code paths: static, part of the jit cache key.
+
+    Every other setting is a scalar in the state, so one compiled step serves
+    every ablation arm and hyper-parameter (and a run may change them mid-way).
+    """
 
     cap: int = 5000  # FIFO of the newest pairs: the map tracks the current policy
     bins: int = 10  # equal-width bins over [0, 1] (binned calibration)
-    min_pairs: int = 200  # identity until this many pairs are buffered
-    refit_every: int = 64  # pairs arrived since the last successful refit
-    half_life: float = 64.0  # EWMA half-life of the disagreement, in groups
-    warmup: int = 32  # groups observed before c is fixed
-    w_max: float = 4.0  # the anchor weight never exceeds this
-    target_weight: float = 2.0  # the weight at the moment c is fixed
-    debias: bool = True  # False: the map stays the identity (pairs still buffered)
-    denoise: bool = True  # False: anchor weight 1 (disagreement still tracked)
     calibration: str = "binned"  # "binned" (paper) or "exact" isotonic
 
 
@@ -169,7 +165,8 @@ class CorrectionConfig:
     data_fields=[
         "buf_x", "buf_y", "buf_len", "buf_head", "since", "n_pairs", "n_fits", "fitted",
         "bias_before", "bias_after", "bias_reduction", "ewma", "n_obs", "c", "c_set",
-        "n_steps", "n_groups_seen", "n_anchor_seen",
+        "n_steps", "n_groups_seen", "n_anchor_seen", "debias", "denoise", "min_pairs",
+        "refit_every", "alpha", "warmup", "w_max", "target_weight",
     ],
     meta_fields=["config"],
 )
@@ -195,6 +192,15 @@ class CorrectionState:
     n_steps: Array  # int32 correct_step calls
     n_groups_seen: Array  # int32 groups seen, for the realised anchor fraction
     n_anchor_seen: Array  # int32 anchor groups seen
+    # Settings as data (see CorrectionConfig for why). Paper values by default.
+    debias: Array  # bool; False: the map stays the identity (pairs still buffered)
+    denoise: Array  # bool; False: anchor weight 1 (disagreement still tracked)
+    min_pairs: Array  # int32 (200): identity until this many pairs are buffered
+    refit_every: Array  # int32 (64): pairs since the last successful refit
+    alpha: Array  # EWMA rate 1 - 0.5^(1 / max(1, half_life)), half-life 64 groups
+    warmup: Array  # int32 (32): groups observed before c is fixed
+    w_max: Array  # (4.0) the anchor weight never exceeds this
+    target_weight: Array  # (2.0) the weight at the moment c is fixed
     config: CorrectionConfig
 
 
@@ -226,9 +232,7 @@ def init_correction_state(
             raise ValueError(f"{name}: {v!r}, expected an integer >= {lo}")
     if not w_max >= 1.0:
         raise ValueError(f"w_max: {w_max!r}, expected >= 1")
-    config = CorrectionConfig(int(cap), int(bins), int(min_pairs), int(refit_every),
-                              float(half_life), int(warmup), float(w_max), float(target_weight),
-                              bool(debias), bool(denoise), calibration)
+    config = CorrectionConfig(int(cap), int(bins), calibration)
     dtype = jnp.zeros(()).dtype if dtype is None else jnp.dtype(dtype)
     k = config.bins if calibration == "binned" else config.cap
     i32 = functools.partial(jnp.zeros, (), jnp.int32)
@@ -239,7 +243,12 @@ def init_correction_state(
         buf_len=i32(), buf_head=i32(), since=i32(), n_pairs=i32(), n_fits=i32(), fitted=fitted,
         bias_before=f(), bias_after=f(), bias_reduction=f(), ewma=f(), n_obs=i32(), c=f(),
         c_set=jnp.zeros((), bool), n_steps=i32(), n_groups_seen=i32(), n_anchor_seen=i32(),
-        config=config,
+        debias=jnp.asarray(bool(debias)), denoise=jnp.asarray(bool(denoise)),
+        min_pairs=jnp.asarray(int(min_pairs), jnp.int32),
+        refit_every=jnp.asarray(int(refit_every), jnp.int32),
+        alpha=jnp.asarray(1.0 - 0.5 ** (1.0 / max(1.0, float(half_life))), dtype),
+        warmup=jnp.asarray(int(warmup), jnp.int32), w_max=jnp.asarray(float(w_max), dtype),
+        target_weight=jnp.asarray(float(target_weight), dtype), config=config,
     )
 
 
@@ -282,30 +291,25 @@ def _push(st: CorrectionState, x: Array, y: Array, do: Array) -> CorrectionState
         since=st.since + d,
         n_pairs=st.n_pairs + d,
     )
-    if not cfg.debias:
-        return st
-    due = do & (st.buf_len >= cfg.min_pairs) & (st.since >= cfg.refit_every)
+    due = do & st.debias & (st.buf_len >= st.min_pairs) & (st.since >= st.refit_every)
     return lax.cond(due, _refit, lambda s: s, st)
 
 
 def _observe(st: CorrectionState, s2: Array, do: Array) -> CorrectionState:
     """Fold one group's disagreement into the EWMA; fix c once after warm-up."""
-    cfg = st.config
-    alpha = 1.0 - 0.5 ** (1.0 / max(1.0, cfg.half_life))
+    alpha = st.alpha
     ewma = jnp.where(st.n_obs == 0, s2, (1.0 - alpha) * st.ewma + alpha * s2)
     ewma = jnp.where(do, ewma, st.ewma)
     n_obs = st.n_obs + do.astype(jnp.int32)
-    fix = do & ~st.c_set & (n_obs >= cfg.warmup) & (ewma > _EWMA_FLOOR)
-    c = jnp.where(fix, (cfg.target_weight - 1.0) / jnp.where(fix, ewma, 1.0), st.c)
+    fix = do & ~st.c_set & (n_obs >= st.warmup) & (ewma > _EWMA_FLOOR)
+    c = jnp.where(fix, (st.target_weight - 1.0) / jnp.where(fix, ewma, 1.0), st.c)
     return dataclasses.replace(st, ewma=ewma, n_obs=n_obs, c=c, c_set=st.c_set | fix)
 
 
 def anchor_weight(st: CorrectionState) -> Array:
     """w = 1 until c is fixed, then clip(1 + c * EWMA, 1, w_max); 1 without denoising."""
-    cfg = st.config
-    w = jnp.clip(1.0 + st.c * st.ewma, 1.0, cfg.w_max)
-    w = jnp.where(st.c_set, w, 1.0).astype(st.buf_x.dtype)
-    return w if cfg.denoise else jnp.ones_like(w)
+    w = jnp.clip(1.0 + st.c * st.ewma, 1.0, st.w_max)
+    return jnp.where(st.c_set & st.denoise, w, 1.0).astype(st.buf_x.dtype)
 
 
 def _check(name, a, shape, kind):
@@ -347,7 +351,8 @@ def correct_step(
             NaN/inf count as ungraded).
         wm_graded, real_graded: bool[N, G].
         is_anchor: bool[N], groups also executed for real.
-        eps, min_graded, standardize: passed to ``group_advantages``.
+        eps, min_graded, standardize: as ``group_advantages``; ``standardize``
+            may be a traced bool.
 
     Returns:
         (state, out) with out: ``rewards`` float[N, G] (real for anchors,
@@ -392,7 +397,13 @@ def correct_step(
     )
     weight = anchor_weight(state)
     adv, used = group_advantages(rewards, graded, is_anchor, weight, eps=eps,
-                                 min_graded=min_graded, standardize=standardize)
+                                 min_graded=min_graded, standardize=True)
+    if not isinstance(standardize, bool) or not standardize:
+        # standardize may be traced: both variants are [N, G]-cheap, and one
+        # compiled step then serves both ablation arms.
+        centred, _ = group_advantages(rewards, graded, is_anchor, weight, eps=eps,
+                                      min_graded=min_graded, standardize=False)
+        adv = jnp.where(standardize, adv, centred)
     out = dict(rewards=rewards, graded=graded, advantages=adv, used=used, anchor_weight=weight)
     out.update(_diagnostics(state))
     return state, out

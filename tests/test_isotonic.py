@@ -1,0 +1,132 @@
+"""Isotonic fits against independent sources: sklearn / scipy (exact), the
+plain-numpy transcription of the paper (binned), and a hand-worked example."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.optimize import isotonic_regression
+from sklearn.isotonic import IsotonicRegression
+
+from wmrl_jax import _reference_numpy as ref
+from wmrl_jax import corrections as C
+
+N = 300  # one shape for every random case: one compile
+FIT = jax.jit(C.isotonic_fit)
+PREDICT = jax.jit(C.isotonic_predict)
+BINNED = jax.jit(C.binned_isotonic_fit)
+APPLY = jax.jit(C.binned_isotonic_predict)
+
+
+def _data(seed, n=N, decimals=2):
+    rng = np.random.default_rng(seed)
+    x = np.round(rng.uniform(-0.1, 1.1, n), decimals)  # rounding: many ties
+    y = np.sin(3 * x) + x + rng.normal(0, 0.4, n)
+    w = rng.uniform(0.2, 3.0, n)
+    mask = rng.uniform(size=n) > 0.2
+    return x, y, w, mask
+
+
+def _sklearn(x, y, w, mask, xq):
+    ir = IsotonicRegression(out_of_bounds="clip").fit(x[mask], y[mask], sample_weight=w[mask])
+    return ir.predict(xq)
+
+
+@pytest.mark.parametrize("seed,decimals", [(0, 1), (1, 2), (2, 3), (3, 6)])
+def test_exact_fit_matches_sklearn_with_ties_weights_masks(seed, decimals):
+    x, y, w, mask = _data(seed, decimals=decimals)
+    f32 = [a.astype(np.float32) for a in (x, y, w)]
+    x, y, w = [a.astype(np.float64) for a in f32]  # the reference sees the same numbers
+    # Garbage in masked slots must not matter.
+    y_in = np.where(mask, f32[1], np.float32(1e6))
+    fitted = FIT(f32[0], y_in, f32[2], mask)
+    xq = np.concatenate([np.linspace(-0.3, 1.3, 200), x[:50]])
+    got = np.asarray(PREDICT(fitted, xq.astype(np.float32)))
+    np.testing.assert_allclose(got, _sklearn(x, y, w, mask, xq), atol=1e-5, rtol=0)
+    assert int(fitted.n_knots) == mask.sum()
+
+
+def test_exact_fitted_values_match_scipy_isotonic_regression():
+    x, y, w, _ = _data(4, decimals=9)  # distinct x: scipy's problem is then the same
+    order = np.argsort(x)
+    want = isotonic_regression(y[order], weights=w[order]).x
+    fitted = FIT(x.astype(np.float32), y.astype(np.float32), w.astype(np.float32), np.ones(N, bool))
+    np.testing.assert_allclose(np.asarray(fitted.knots_y), want, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(fitted.knots_x), x[order], atol=1e-7)
+
+
+def test_exact_fit_adversarial_pooling_depth():
+    """Increasing data with one huge low outlier at the top end: the pool
+    grows one block per parallel round, the worst case for round counts."""
+    x = np.arange(N, dtype=np.float64) / N
+    y = x.copy()
+    y[-1] = -1e3
+    w, mask = np.ones(N), np.ones(N, bool)
+    fitted = FIT(x.astype(np.float32), y.astype(np.float32), w.astype(np.float32), mask)
+    got = np.asarray(PREDICT(fitted, x.astype(np.float32)))
+    np.testing.assert_allclose(got, _sklearn(x, y, w, mask, x), atol=1e-4, rtol=1e-6)
+
+
+def test_binned_fit_by_hand():
+    # Bins of width 0.1. Bin 0: x .05, y .2 (1 pair); bin 1: x .15, y .6 (1);
+    # bin 2: x (.25+.27)/2 = .26, y (.1+.3)/2 = .2 (2). PAV: .6 > .2 pools bins
+    # 1-2 with weights 1, 2 -> (.6 + 2*.2)/3 = 1/3. Map: (.05,.2) (.15,1/3) (.26,1/3).
+    x, y, mask = np.zeros(N, np.float32), np.zeros(N, np.float32), np.zeros(N, bool)
+    x[:4], y[:4], mask[:4] = [0.05, 0.15, 0.25, 0.27], [0.2, 0.6, 0.1, 0.3], True
+    fitted = BINNED(x, y, mask)  # padded to N, masked: reuses the compiled fit
+    assert bool(fitted.valid) and int(fitted.n_knots) == 3
+    np.testing.assert_allclose(np.asarray(fitted.knots_x[:3]), [0.05, 0.15, 0.26], atol=1e-6)
+    np.testing.assert_allclose(np.asarray(fitted.knots_y[:3]), [0.2, 1 / 3, 1 / 3], atol=1e-6)
+    xq = np.zeros(101, np.float32)
+    xq[:4] = [0.0, 0.1, 0.2, 1.0]
+    got = np.asarray(APPLY(fitted, xq))[:4]
+    # 0.1 is halfway between .05 and .15: .2 + (1/3 - .2) / 2
+    np.testing.assert_allclose(got, [0.2, 0.2 + (1 / 3 - 0.2) / 2, 1 / 3, 1 / 3], atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_binned_fit_matches_numpy_reference(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-0.2, 1.2, N)
+    x[:40] = np.round(x[:40], 1)  # exactly on bin edges (0.1 in float32 is above 0.1)
+    y = np.sqrt(np.clip(x, 0, None)) + rng.normal(0, 0.3, N)
+    mask = rng.uniform(size=N) > 0.3
+    x32, y32 = x.astype(np.float32), y.astype(np.float32)
+    fitted = BINNED(x32, y32, mask)
+    want = ref.fit_binned(zip(x32[mask].astype(float), y32[mask].astype(float)))
+    k = int(fitted.n_knots)
+    assert k == len(want[0])
+    np.testing.assert_allclose(np.asarray(fitted.knots_x[:k]), want[0], atol=1e-6)
+    np.testing.assert_allclose(np.asarray(fitted.knots_y[:k]), want[1], atol=1e-5)
+    xq = np.linspace(-0.5, 1.5, 101).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(APPLY(fitted, xq)), ref.apply_map(want, xq.astype(float)),
+                               atol=1e-5)
+
+
+def test_binned_fit_with_one_populated_bin_is_the_identity():
+    x = np.full(N, 0.33, np.float32)
+    fitted = BINNED(x, np.linspace(0, 1, N, dtype=np.float32), np.ones(N, bool))
+    assert not bool(fitted.valid)
+    assert ref.fit_binned(zip(x.astype(float), np.linspace(0, 1, N))) is None
+    xq = np.array([0.1, 0.5, 0.9], np.float32)
+    np.testing.assert_array_equal(np.asarray(APPLY(fitted, xq)), xq)
+
+
+def test_bad_inputs_name_the_argument():
+    with pytest.raises(ValueError, match=r"y: shape \(3,\), expected \(4,\)"):
+        C.isotonic_fit(jnp.zeros(4), jnp.zeros(3))
+    with pytest.raises(TypeError, match="mask: dtype float32, expected bool"):
+        C.isotonic_fit(jnp.zeros(4), jnp.zeros(4), mask=jnp.zeros(4))
+    with pytest.raises(TypeError, match="x: dtype int32, expected a floating dtype"):
+        C.binned_isotonic_fit(jnp.zeros(4, jnp.int32), jnp.zeros(4))
+
+
+# Last: leaving the x64 context drops jit caches.
+def test_exact_fit_in_float64():
+    x, y, w, mask = _data(5, decimals=2)
+    with jax.enable_x64(True):
+        fitted, got = jax.jit(lambda *a: (f := C.isotonic_fit(*a), C.isotonic_predict(f, a[0])))(
+            x, y, w, mask)
+        assert fitted.knots_y.dtype == jnp.float64
+        got = np.asarray(got)
+    np.testing.assert_allclose(got, _sklearn(x, y, w, mask, x), atol=1e-10, rtol=0)
