@@ -295,15 +295,71 @@ def _push(st: CorrectionState, x: Array, y: Array, do: Array) -> CorrectionState
     return lax.cond(due, _refit, lambda s: s, st)
 
 
-def _observe(st: CorrectionState, s2: Array, do: Array) -> CorrectionState:
+def _refit_possible(st: CorrectionState, pair: Array) -> Array:
+    """Whether pushing ``pair``'s pairs in order could trigger a refit."""
+    k = jnp.cumsum(pair.astype(jnp.int32))
+    due = pair & (jnp.minimum(st.buf_len + k, st.config.cap) >= st.min_pairs) & (
+        st.since + k >= st.refit_every)
+    # More pairs than slots would overwrite a slot twice in one scatter.
+    return (st.debias & due.any()) | (k[-1] > st.config.cap)
+
+
+def _write(st: CorrectionState, x: Array, y: Array, pair: Array) -> CorrectionState:
+    """Push all of ``pair``'s pairs at once (valid only when no refit is due)."""
+    cfg = st.config
+    k = jnp.cumsum(pair.astype(jnp.int32))
+    slot = jnp.where(pair, (st.buf_head + k - 1) % cfg.cap, cfg.cap)
+    p = k[-1]
+    return dataclasses.replace(
+        st,
+        buf_x=st.buf_x.at[slot].set(x, mode="drop"),
+        buf_y=st.buf_y.at[slot].set(y, mode="drop"),
+        buf_head=(st.buf_head + p) % cfg.cap,
+        buf_len=jnp.minimum(st.buf_len + p, cfg.cap),
+        since=st.since + p,
+        n_pairs=st.n_pairs + p,
+    )
+
+
+def _push_many(st: CorrectionState, x: Array, y: Array, pair: Array) -> CorrectionState:
+    """Push one group's pairs in order: one at a time only if a refit may fall
+    among them (the refit must see the buffer exactly as of its push)."""
+
+    def one_by_one(st):
+        return lax.scan(lambda s, q: (_push(s, *q), None), st, (x, y, pair))[0]
+
+    return lax.cond(_refit_possible(st, pair), one_by_one, lambda s: _write(s, x, y, pair), st)
+
+
+def _ewma_update(ewma, n_obs, c, c_set, alpha, warmup, target_weight, s2, do):
     """Fold one group's disagreement into the EWMA; fix c once after warm-up."""
-    alpha = st.alpha
-    ewma = jnp.where(st.n_obs == 0, s2, (1.0 - alpha) * st.ewma + alpha * s2)
-    ewma = jnp.where(do, ewma, st.ewma)
-    n_obs = st.n_obs + do.astype(jnp.int32)
-    fix = do & ~st.c_set & (n_obs >= st.warmup) & (ewma > _EWMA_FLOOR)
-    c = jnp.where(fix, (st.target_weight - 1.0) / jnp.where(fix, ewma, 1.0), st.c)
-    return dataclasses.replace(st, ewma=ewma, n_obs=n_obs, c=c, c_set=st.c_set | fix)
+    new = jnp.where(n_obs == 0, s2, (1.0 - alpha) * ewma + alpha * s2)
+    ewma = jnp.where(do, new, ewma)
+    n_obs = n_obs + do.astype(jnp.int32)
+    fix = do & ~c_set & (n_obs >= warmup) & (ewma > _EWMA_FLOOR)
+    c = jnp.where(fix, (target_weight - 1.0) / jnp.where(fix, ewma, 1.0), c)
+    return ewma, n_obs, c, c_set | fix
+
+
+_EWMA_KEYS = ("ewma", "n_obs", "c", "c_set")
+
+
+def _observe(st: CorrectionState, s2: Array, do: Array) -> CorrectionState:
+    """Fold one group's disagreement (when ``do``) into the state."""
+    out = _ewma_update(*(getattr(st, k) for k in _EWMA_KEYS), st.alpha, st.warmup,
+                       st.target_weight, s2, do)
+    return dataclasses.replace(st, **dict(zip(_EWMA_KEYS, out)))
+
+
+def _observe_many(st: CorrectionState, s2: Array, do: Array) -> CorrectionState:
+    """``_observe`` over groups in order, carrying only the four scalars."""
+    params = (st.alpha, st.warmup, st.target_weight)
+
+    def body(carry, inp):
+        return _ewma_update(*carry, *params, *inp), None
+
+    carry, _ = lax.scan(body, tuple(getattr(st, k) for k in _EWMA_KEYS), (s2, do))
+    return dataclasses.replace(st, **dict(zip(_EWMA_KEYS, carry)))
 
 
 def anchor_weight(st: CorrectionState) -> Array:
@@ -380,7 +436,7 @@ def correct_step(
     def one_group(st, inp):
         wm_i, wm_ok_i, real_i, real_ok_i, anchor_i = inp
         pair = anchor_i & wm_ok_i & real_ok_i
-        st, _ = lax.scan(lambda s, p: (_push(s, *p), None), st, (wm_i, real_i, pair))
+        st = _push_many(st, wm_i, real_i, pair)
         calibrated = apply_calibration(st.fitted, wm_i)
         s2, ok = group_disagreement(calibrated, real_i, pair)
         st = _observe(st, s2, anchor_i & ok)
@@ -388,7 +444,24 @@ def correct_step(
         graded = jnp.where(anchor_i, real_ok_i, wm_ok_i)
         return st, (jnp.where(graded, rewards, 0.0), graded)
 
-    state, (rewards, graded) = lax.scan(one_group, state, (wm, wm_ok, real, real_ok, is_anchor))
+    def in_order(st):
+        return lax.scan(one_group, st, (wm, wm_ok, real, real_ok, is_anchor))
+
+    def without_refit(st):
+        # No refit anywhere in this step: the map is the same for every group,
+        # so the step vectorises; only the scalar EWMA recursion stays serial.
+        pair = is_anchor[:, None] & wm_ok & real_ok
+        st = _write(st, wm.reshape(-1), real.reshape(-1), pair.reshape(-1))
+        calibrated = apply_calibration(st.fitted, wm)
+        s2, ok = jax.vmap(group_disagreement)(calibrated, real, pair)
+        st = _observe_many(st, s2, is_anchor & ok)
+        rewards = jnp.where(is_anchor[:, None], real, calibrated)
+        graded = jnp.where(is_anchor[:, None], real_ok, wm_ok)
+        return st, (jnp.where(graded, rewards, 0.0), graded)
+
+    all_pairs = (is_anchor[:, None] & wm_ok & real_ok).reshape(-1)
+    state, (rewards, graded) = lax.cond(_refit_possible(state, all_pairs), in_order, without_refit,
+                                        state)
     state = dataclasses.replace(
         state,
         n_steps=state.n_steps + 1,

@@ -1,0 +1,148 @@
+"""Speed of the corrections against named peers, measured in the same run.
+
+    python launch/bench_corrections.py            # ~1-2 min on 2 CPU cores
+    python launch/bench_corrections.py --quick    # fewer repeats
+
+1. ``correct_step`` (jitted) at paper size -- 8 groups x 8 rollouts, 2 anchor
+   groups per step, FIFO cap 5000 already full, a refit every 4 steps (64
+   pairs) -- per call, against ``wmrl_jax._reference_numpy.CorrectionLoop``
+   (plain numpy, the same semantics). Target: >= 10x.
+2. ``isotonic_fit`` (jitted, exact, weighted) against
+   ``sklearn.isotonic.IsotonicRegression(out_of_bounds="clip").fit`` and
+   ``np.argsort`` + ``scipy.optimize.isotonic_regression`` at n = 5000 and
+   50 000. Target: no slower than 2x sklearn.
+
+Timings: warm-up first, ``block_until_ready`` on every JAX result, medians
+over repeats. Importing this module runs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+
+
+def _median_time(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _step_data(rng, steps, n=8, g=8, anchors=2):
+    import numpy as np
+
+    out = []
+    for _ in range(steps):
+        real = rng.uniform(0, 1, (n, g))
+        wm = np.clip(np.sqrt(real) + rng.normal(0, 0.1, (n, g)), 0, 1)
+        graded = rng.uniform(size=(n, g)) > 0.05
+        anchor = np.zeros(n, bool)
+        anchor[rng.choice(n, anchors, replace=False)] = True
+        out.append((wm.astype(np.float32), graded, real.astype(np.float32), graded.copy(), anchor))
+    return out
+
+
+def bench_step(repeats: int, steps_per_repeat: int = 64):
+    """Seconds per call: (jax, numpy)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from wmrl_jax import _reference_numpy as ref
+    from wmrl_jax import corrections as C
+
+    rng = np.random.default_rng(0)
+    cap = 5000
+    fill_x = rng.uniform(0, 1, cap)
+    fill_y = np.clip(fill_x**2 + rng.normal(0, 0.1, cap), 0, 1)
+
+    # Both start with a full buffer and a fitted map; since = 0, so a refit
+    # lands every 4th step (16 pairs per step, refit_every = 64).
+    state = C.init_correction_state(cap=cap)
+    state = dataclasses.replace(state, buf_x=jnp.asarray(fill_x, jnp.float32),
+                                buf_y=jnp.asarray(fill_y, jnp.float32),
+                                buf_len=jnp.int32(cap), n_pairs=jnp.int32(cap))
+    state = jax.jit(C._refit)(state)
+    loop = ref.CorrectionLoop(cap=cap)
+    loop.debiaser.pairs = [(float(a), float(b)) for a, b in zip(fill_x.astype(np.float32), fill_y.astype(np.float32))]
+    loop.debiaser.refit()
+
+    data = _step_data(rng, steps_per_repeat)
+    dev = [tuple(jnp.asarray(a) for a in d) for d in data]
+    lists = [(ref.to_lists(d[0], d[1]), ref.to_lists(d[2], d[3]), list(d[4])) for d in data]
+    step = jax.jit(C.correct_step)
+    s, o = step(state, *dev[0])
+    jax.block_until_ready(o)
+
+    def run_jax():
+        s = state
+        for d in dev:
+            s, o = step(s, *d)
+            jax.block_until_ready(o)
+
+    def run_numpy():
+        for wm, real, anchor in lists:
+            loop.step(wm, real, anchor)
+
+    run_jax()
+    run_numpy()
+    assert loop.debiaser.n_fits > 1
+    t_jax = _median_time(run_jax, repeats) / steps_per_repeat
+    t_np = _median_time(run_numpy, repeats) / steps_per_repeat
+    return t_jax, t_np
+
+
+def bench_isotonic(n: int, repeats: int):
+    """Seconds per fit: (jax, sklearn, scipy)."""
+    import jax
+    import numpy as np
+    from scipy.optimize import isotonic_regression
+    from sklearn.isotonic import IsotonicRegression
+
+    from wmrl_jax import corrections as C
+
+    rng = np.random.default_rng(n)
+    x = rng.uniform(0, 1, n)
+    y = x**2 + rng.normal(0, 0.3, n)
+    w = rng.uniform(0.5, 2.0, n)
+    x32, y32, w32 = (jax.numpy.asarray(a, jax.numpy.float32) for a in (x, y, w))
+    fit = jax.jit(C.isotonic_fit)
+    jax.block_until_ready(fit(x32, y32, w32))
+
+    def run_scipy():
+        order = np.argsort(x)
+        return isotonic_regression(y[order], weights=w[order])
+
+    t_jax = _median_time(lambda: jax.block_until_ready(fit(x32, y32, w32)), repeats)
+    t_sk = _median_time(lambda: IsotonicRegression(out_of_bounds="clip").fit(x, y, sample_weight=w), repeats)
+    t_sp = _median_time(run_scipy, repeats)
+    return t_jax, t_sk, t_sp
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    args = parser.parse_args(argv)
+    reps = 3 if args.quick else 7
+    import jax
+
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; medians of {reps} repeats")
+    t_jax, t_np = bench_step(reps)
+    print("\ncorrect_step, 8 groups x 8, cap 5000 full, refit every 4th call (per call)")
+    print(f"  {'jax (jit)':<28}{t_jax * 1e3:9.3f} ms")
+    print(f"  {'numpy reference':<28}{t_np * 1e3:9.3f} ms   numpy / jax = {t_np / t_jax:6.1f}x  (target >= 10x)")
+    print("\nisotonic_fit, exact weighted (per fit)")
+    print(f"  {'n':>7} {'jax (jit)':>12} {'sklearn':>12} {'scipy':>12} {'jax/sklearn':>12} {'jax/scipy':>10}")
+    for n in (5000, 50000):
+        t_j, t_sk, t_sp = bench_isotonic(n, reps * 2)
+        print(f"  {n:>7} {t_j * 1e3:>9.2f} ms {t_sk * 1e3:>9.2f} ms {t_sp * 1e3:>9.2f} ms "
+              f"{t_j / t_sk:>11.2f}x {t_j / t_sp:>9.2f}x   (target jax/sklearn <= 2)")
+
+
+if __name__ == "__main__":
+    main()
