@@ -1,6 +1,6 @@
 r"""WMRL's theory, demonstrated on a bandit whose truth is known.
 
-  python launch/bandit.py                       # 5 seeds, 200 steps, < 2 min on 2 CPU cores
+  python launch/bandit.py                       # 10 seeds, 200 steps, < 2 min on 2 CPU cores
   python launch/bandit.py --seeds=10 --out=outputs/bandit10.png
 
 Trains a GRPO softmax policy with six reward pipelines (real-only, wm-only,
@@ -21,7 +21,7 @@ from absl import flags
 # Runnable as `python launch/bandit.py` from a checkout without installing.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-_SEEDS = flags.DEFINE_integer("seeds", 5, "Number of seeds (0..seeds-1); the table reports mean ± sd.")
+_SEEDS = flags.DEFINE_integer("seeds", 10, "Number of seeds (0..seeds-1); the table reports mean ± sd.")
 _STEPS = flags.DEFINE_integer("steps", None, "GRPO steps per run (default: BanditConfig.steps).")
 _OUT = flags.DEFINE_string("out", "outputs/bandit.png", "Where to save the plot ('' to skip).")
 

@@ -105,29 +105,29 @@ ARMS: dict[str, tuple[str, bool, bool]] = {
 }
 
 
-def make_tasks(key: jax.Array, cfg: BanditConfig) -> dict[str, jax.Array]:
-    """Draws the true qualities.
+def make_tasks(seed: int, cfg: BanditConfig) -> dict[str, np.ndarray]:
+    """Draws the true qualities (host side, numpy: no compilation for set-up).
 
     Per task: the best solution q ~ U(cfg.best_quality); the over-rated one
     q ~ U(cfg.overrated_quality); the others q ~ U(cfg.other_quality);
     positions shuffled.
 
     Returns:
-      {"quality": float[M, K], "overrated": bool[M, K]}.
+      {"quality": float32[M, K], "overrated": bool[M, K]}.
     """
     m, k = cfg.n_tasks, cfg.n_solutions
     if k < 3:
         raise ValueError(f"n_solutions: {k}, expected >= 3 (best, over-rated, and others)")
-    k_best, k_over, k_rest, k_perm = jax.random.split(key, 4)
-    uniform = lambda key, shape, lo_hi: jax.random.uniform(key, shape, minval=lo_hi[0], maxval=lo_hi[1])
-    best = uniform(k_best, (m, 1), cfg.best_quality)
-    over = uniform(k_over, (m, 1), cfg.overrated_quality)
-    rest = uniform(k_rest, (m, k - 2), cfg.other_quality)
-    quality = jnp.concatenate([best, over, rest], axis=1)
-    overrated = jnp.zeros((m, k), bool).at[:, 1].set(True)
-    perm = jax.vmap(lambda kk: jax.random.permutation(kk, k))(jax.random.split(k_perm, m))
-    take = lambda a: jnp.take_along_axis(a, perm, axis=1)
-    return {"quality": take(quality), "overrated": take(overrated)}
+    rng = np.random.default_rng([seed, 0])
+    best = rng.uniform(*cfg.best_quality, (m, 1))
+    over = rng.uniform(*cfg.overrated_quality, (m, 1))
+    rest = rng.uniform(*cfg.other_quality, (m, k - 2))
+    quality = np.concatenate([best, over, rest], axis=1)
+    overrated = np.zeros((m, k), bool)
+    overrated[:, 1] = True
+    perm = np.argsort(rng.uniform(size=(m, k)), axis=1)
+    return {"quality": np.take_along_axis(quality, perm, 1).astype(np.float32),
+            "overrated": np.take_along_axis(overrated, perm, 1)}
 
 
 def world_model_mean(tasks: dict[str, jax.Array], progress: jax.Array, cfg: BanditConfig) -> jax.Array:
@@ -210,30 +210,39 @@ def _train_step(carry, inputs, *, tasks, ref_logits, cfg, optimizer):
     return (logits, opt_state, corr_state, executions), record
 
 
+# Host-side set-up stays in numpy on purpose: every eager JAX op is its own
+# small compilation, and those add up to more than the simulation. All JAX
+# work runs in the one jitted function below.
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def _simulate_chunk(carry, tasks, keys, anchors, steps, *, cfg: BanditConfig):
-    """Runs steps for a batch of independent runs: carry/tasks/keys/anchors lead with the run axis."""
-    optimizer = optax.sgd(cfg.learning_rate)
+def _simulate_chunk(carry, tasks, seed, anchors, steps, *, cfg: BanditConfig):
+    """Runs `steps` of one run (one arm, one seed) as a scan.
 
-    def one_run(c, tk, ks, an):
-        body = functools.partial(_train_step, tasks=tk, ref_logits=jnp.zeros_like(c[0]), cfg=cfg,
-                                 optimizer=optimizer)
-        return jax.lax.scan(body, c, (ks, an, steps))
+    The step's randomness is fold_in(fold_in(key(seed), 1), step), so a run
+    is the same whatever the chunking and whichever arm it belongs to (the
+    arms of one seed share tasks and sampling noise).
 
-    return jax.vmap(one_run)(carry, tasks, keys, anchors)
+    Not vmapped over runs on purpose: under vmap the refit inside
+    `correct_step` (a `lax.cond`) becomes a select, so every run would refit
+    after every pushed pair, and the batched program takes twice as long to
+    compile. One compiled scan called per run is faster on CPU.
+    """
+    run_key = jax.random.fold_in(jax.random.key(seed), 1)
+    keys = jax.vmap(lambda t: jax.random.fold_in(run_key, t))(steps)
+    body = functools.partial(_train_step, tasks=tasks, ref_logits=jnp.zeros_like(carry[0]), cfg=cfg,
+                             optimizer=optax.sgd(cfg.learning_rate))
+    return jax.lax.scan(body, carry, (keys, anchors, steps.astype(jnp.float32)))
 
 
-def _stack(trees):
-    return jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *trees)
+def _stack_np(trees):
+    return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)
 
 
 def run_all(seeds: list[int], cfg: BanditConfig, *, arms: tuple[str, ...] = tuple(ARMS), progress: bool = True,
             chunk: int = 50) -> dict[str, dict[str, np.ndarray]]:
     """Trains every arm for every seed; same tasks and sampling noise per seed across arms.
 
-    Runs are batched with vmap: arms whose correction state has the same
-    pytree structure (flags that are data, not static) share one compiled
-    program, so the whole table costs one or a few compilations.
+    Every run (arm × seed) calls the same compiled scan: the ablation flags
+    are data in the correction state, so the whole table costs one compilation.
 
     Returns, per arm: {"true_reward": float[S, steps], "executions":
     int[S, steps], "anchor_weight": float[S, steps], "optimum": float[S]},
@@ -245,45 +254,34 @@ def run_all(seeds: list[int], cfg: BanditConfig, *, arms: tuple[str, ...] = tupl
     if not seeds:
         raise ValueError("seeds: empty, expected at least one seed")
     n = len(seeds)
-    keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
-    split = jax.vmap(lambda k: jax.random.split(k, 2))(keys)
-    # Tasks and the step noise depend on the seed only, so every arm sees the same problems.
-    tasks = jax.vmap(lambda k: make_tasks(k, cfg))(split[:, 0])
-    step_keys = jax.vmap(lambda k: jax.random.split(k, cfg.steps))(split[:, 1])  # [S, steps]
-    optimum = np.asarray(tasks["quality"].max(-1).mean(-1))
+    seeds_np = np.asarray(seeds, np.uint32)
+    # Tasks depend on the seed only, so every arm sees the same problems.
+    tasks = _stack_np([make_tasks(int(sd), cfg) for sd in seeds])
+    optimum = tasks["quality"].max(-1).mean(-1)
 
-    states = {arm: _init_state(arm, cfg) for arm in arms}
-    batches: dict[Any, list[str]] = {}
-    for arm in arms:
-        batches.setdefault(jax.tree.structure(states[arm]), []).append(arm)
-
+    optimizer = optax.sgd(cfg.learning_rate)
     results = {}
-    total = sum(-(-cfg.steps // chunk) for _ in batches)
-    bar = tqdm.tqdm(total=total, desc="bandit", disable=not progress)
-    for group in batches.values():
-        b = len(group) * n
-        rep = lambda x: jnp.concatenate([x] * len(group))
-        run_tasks, run_keys = jax.tree.map(rep, tasks), rep(step_keys)
-        schedule = np.concatenate([np.stack([anchor_schedule(s, arm, cfg) for s in seeds]) for arm in group])
-        corr0 = _stack([states[arm] for arm in group for _ in seeds])
-        logits0 = jnp.zeros((b, cfg.n_tasks, cfg.n_solutions))
-        opt0 = jax.vmap(optax.sgd(cfg.learning_rate).init)(logits0)
-        carry = (logits0, opt0, corr0, jnp.zeros((b,), jnp.int32))
-        records = []
-        bar.set_description(f"bandit [{', '.join(group)}]")
-        for start in range(0, cfg.steps, chunk):
-            stop = min(start + chunk, cfg.steps)
-            steps = jnp.arange(start, stop, dtype=jnp.float32)
-            carry, rec = _simulate_chunk(carry, run_tasks, run_keys[:, start:stop],
-                                         jnp.asarray(schedule[:, start:stop]), steps, cfg=cfg)
-            records.append(jax.device_get(rec))
-            bar.update(1)
-        curves = {k: np.concatenate([r[k] for r in records], axis=1) for k in records[0]}
-        for i, arm in enumerate(group):
-            results[arm] = {k: v[i * n:(i + 1) * n] for k, v in curves.items()}
-            results[arm]["optimum"] = optimum
+    chunks = [np.arange(a, min(a + chunk, cfg.steps), dtype=np.int32) for a in range(0, cfg.steps, chunk)]
+    bar = tqdm.tqdm(total=len(arms) * n * len(chunks), desc="bandit", disable=not progress)
+    for arm in arms:
+        bar.set_description(f"bandit: {arm}")
+        state0 = _init_state(arm, cfg)
+        runs = []
+        for i, seed in enumerate(seeds):
+            task = {k: v[i] for k, v in tasks.items()}
+            schedule = anchor_schedule(seed, arm, cfg)
+            logits0 = np.zeros((cfg.n_tasks, cfg.n_solutions), np.float32)
+            carry = (logits0, optimizer.init(logits0), state0, np.zeros((), np.int32))
+            records = []
+            for steps in chunks:
+                carry, rec = _simulate_chunk(carry, task, np.uint32(seed), schedule[steps], steps, cfg=cfg)
+                records.append(jax.device_get(rec))
+                bar.update(1)
+            runs.append({k: np.concatenate([r[k] for r in records]) for k in records[0]})
+        results[arm] = {k: np.stack([r[k] for r in runs]) for k in runs[0]}
+        results[arm]["optimum"] = optimum
     bar.close()
-    return {arm: results[arm] for arm in arms}
+    return results
 
 
 def summarize(results: dict[str, dict[str, np.ndarray]], *, last: int = 20) -> dict[str, dict[str, tuple[float, float]]]:
