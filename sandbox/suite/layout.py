@@ -90,7 +90,9 @@ def inventory(files: dict[str, bytes]) -> dict:
         frame = pd.read_csv(io.BytesIO(blob))
         cols = []
         for c in frame.columns:
-            col = {"name": c, "dtype": str(frame[c].dtype), "missing": int(frame[c].isna().sum())}
+            # pandas 2 reads text as "object", pandas 3 as "str": name it the same on both.
+            dtype = str(frame[c].dtype) if pd.api.types.is_numeric_dtype(frame[c]) else "str"
+            col = {"name": c, "dtype": dtype, "missing": int(frame[c].isna().sum())}
             if frame[c].dtype.kind in "if":
                 col.update(min=float(frame[c].min()), max=float(frame[c].max()))
             else:
