@@ -251,3 +251,34 @@ def test_bad_arguments_name_the_argument(qwen3):
         sampling.generate(model, [[5, 320]], max_new_tokens=4)
     with pytest.raises(ValueError, match="model"):
         sampling.generate(object(), PROMPTS, max_new_tokens=4)
+
+
+def test_greedy_equals_transformers_qwen35(tmp_path):
+    """The sampler only uses the family contract: the hybrid Qwen3.5 (gated DeltaNet + gated attention) decodes too."""
+    import transformers
+
+    from wmrl_jax.models import qwen35
+
+    layer_types = [qwen35.LINEAR, qwen35.FULL, qwen35.LINEAR]
+    config = transformers.Qwen3_5TextConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3, layer_types=layer_types,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 5000.0, "partial_rotary_factor": 0.5},
+        eos_token_id=2, pad_token_id=0,
+    )  # fmt: skip
+    config._attn_implementation = "eager"
+    hf = transformers.Qwen3_5ForCausalLM(config).float().eval()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # every weight random and O(0.1-1), so a wrong gate or norm shows
+        for name, param in hf.named_parameters():
+            noise = torch.randn(param.shape, generator=gen)
+            param.copy_(1.0 + 0.3 * noise if "linear_attn.norm" in name else 0.3 * noise if "norm" in name else 0.15 * noise)
+    hf.save_pretrained(tmp_path)
+    model = load_hf(tmp_path)
+    prompts = [[p % 93 + 3 for p in prompt] for prompt in PROMPTS]
+    eos = 2
+    ref, _ = hf_greedy(hf, prompts, NEW, eos_id=eos)
+    ours = sampling.generate(model, prompts, max_new_tokens=NEW, temperature=0.0, eos_ids=(eos,))
+    assert ours.tokens == ref
+    assert len({t for row in ref for t in row}) > 3, "degenerate reference: every row repeats one token"
