@@ -93,12 +93,25 @@ def test_table_and_plot(results, tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_launch_script_imports_without_running():
+def test_launch_script_runs_the_table_and_writes_the_plot(results, tmp_path, capsys):
+    """The README's main command, in process (the fixture already compiled the step)."""
+    from absl import flags
+
     path = pathlib.Path(__file__).resolve().parents[1] / "launch" / "bandit.py"
     spec = importlib.util.spec_from_file_location("launch_bandit", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert callable(module.main)
+    spec.loader.exec_module(module)  # importing runs nothing
+    assert capsys.readouterr().out == ""
+    out = tmp_path / "sub" / "bandit.png"
+    flags.FLAGS(["bandit.py", "--seeds=2", f"--out={out}"])
+    try:
+        module.main([])
+    finally:
+        flags.FLAGS.unparse_flags()
+    printed = capsys.readouterr().out
+    for arm in ARMS:
+        assert arm in printed
+    assert "2 seeds" in printed and out.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_bad_arm_is_named():
