@@ -138,3 +138,10 @@ def test_bad_shapes_name_the_tensor():
         gdn.recurrent_gated_delta_rule(q, k, v, g, beta, s0[:, :1])
     with pytest.raises(ValueError, match="conv weight"):
         gdn.causal_conv1d(np.zeros((1, 3, 5), np.float32), np.zeros((4, 6), np.float32))
+
+
+@pytest.mark.parametrize("size", [6])  # padded to 8 inside
+def test_unit_lower_triangular_inverse_matches_numpy(size):
+    a = np.random.default_rng(size).normal(size=(3, size, size)).astype(np.float32) * 0.4
+    unit = np.tril(a.astype(np.float64), -1) + np.eye(size)
+    np.testing.assert_allclose(gdn.unit_lower_triangular_inverse(a), np.linalg.inv(unit), atol=1e-5, rtol=1e-5)

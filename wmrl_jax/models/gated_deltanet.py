@@ -49,6 +49,42 @@ def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
+def unit_lower_triangular_inverse(a: jax.Array) -> jax.Array:
+    """``(I + tril₋₁(a))⁻¹`` for ``a [..., C, C]`` (diagonal and upper triangle of ``a`` ignored).
+
+    Recursive block inversion, doubling the block size each step::
+
+        [[A, 0], [X, D]]⁻¹ = [[A⁻¹, 0], [−D⁻¹ X A⁻¹, D⁻¹]]
+
+    log₂C levels of batched matmuls. Same result as forward substitution
+    (what ``torch.linalg.solve_triangular`` does) up to rounding, but XLA's
+    CPU ``triangular_solve`` on many small batched systems is a slow loop,
+    and matmuls are what every backend is fastest at. C is padded with
+    identity rows up to a power of two.
+    """
+    c = a.shape[-1]
+    size = 1 << max(c - 1, 0).bit_length()
+    strict = jnp.tril(a.astype(jnp.float32), -1)
+    strict = jnp.pad(strict, [(0, 0)] * (a.ndim - 2) + [(0, size - c), (0, size - c)])
+    lead = strict.shape[:-2]
+    inv = jnp.ones(lead + (size, 1, 1), jnp.float32)  # inverses of the 1 x 1 diagonal blocks
+    block = 1
+    while block < size:
+        pairs = size // (2 * block)
+        grid = strict.reshape(lead + (pairs, 2 * block, pairs, 2 * block))
+        diag = jnp.moveaxis(jnp.diagonal(grid, axis1=-4, axis2=-2), -1, -3)  # [..., pairs, 2b, 2b]
+        lower_left = diag[..., block:, :block]
+        a_inv, d_inv = inv[..., 0::2, :, :], inv[..., 1::2, :, :]
+        off = -jnp.einsum(
+            "...ij,...jk,...kl->...il", d_inv, lower_left, a_inv, precision=_PRECISION
+        )
+        top = jnp.concatenate([a_inv, jnp.zeros_like(a_inv)], axis=-1)
+        bottom = jnp.concatenate([off, d_inv], axis=-1)
+        inv = jnp.concatenate([top, bottom], axis=-2)
+        block *= 2
+    return inv[..., 0, :c, :c]
+
+
 def _check_delta_rule_inputs(query, key, value, g, beta, initial_state):
     chex.assert_rank([query, key, value, g, beta], [4, 4, 4, 3, 3])
     chex.assert_equal_shape([query, key])
@@ -145,8 +181,9 @@ def chunk_gated_delta_rule(
         S ← e^{Γ_C} S + (K ⊙ e^{Γ_C − Γ})ᵀ V'
 
     Same arguments and returns as ``recurrent_gated_delta_rule``; the
-    triangular systems of all chunks are solved at once, and only the last
-    three lines run in a ``lax.scan`` over chunks.
+    triangular systems of all chunks are solved at once (as batched matmuls,
+    see ``unit_lower_triangular_inverse``), and only the last three lines run
+    in a ``lax.scan`` over chunks.
     """
     _check_delta_rule_inputs(query, key, value, g, beta, initial_state)
     if chunk_size < 1:
@@ -171,11 +208,9 @@ def chunk_gated_delta_rule(
     k_beta = k * beta[..., None]
     v_beta = v * beta[..., None]
     system_bhncc = jnp.einsum("bhnik,bhnjk->bhnij", k_beta, k, precision=_PRECISION) * decay_bhncc
-    solve = lambda rhs: jax.lax.linalg.triangular_solve(
-        system_bhncc, rhs, left_side=True, lower=True, unit_diagonal=True
-    )
-    u_bhncv = solve(v_beta)
-    w_bhnck = solve(k_beta * jnp.exp(cum_bhnc)[..., None])
+    inverse_bhncc = unit_lower_triangular_inverse(system_bhncc)
+    u_bhncv = jnp.einsum("bhnij,bhnjv->bhniv", inverse_bhncc, v_beta, precision=_PRECISION)
+    w_bhnck = jnp.einsum("bhnij,bhnjk->bhnik", inverse_bhncc, k_beta * jnp.exp(cum_bhnc)[..., None], precision=_PRECISION)
     intra_bhncc = jnp.einsum("bhnik,bhnjk->bhnij", q, k, precision=_PRECISION) * decay_bhncc
     q_decayed = q * jnp.exp(cum_bhnc)[..., None]
     k_decayed = k * jnp.exp(cum_bhnc[..., -1:] - cum_bhnc)[..., None]

@@ -1,0 +1,227 @@
+r"""Qwen3.5 speed: prefill and greedy decode of our JAX family vs transformers (PyTorch CPU fallbacks), same weights.
+
+    python launch/bench_qwen35.py            # hidden 512, 8 layers (3 linear + 1 full, x2), vocab 32k;
+                                             # prefill batch 8 x 2048 tokens; decode batch 8, 128 + 128 tokens
+    python launch/bench_qwen35.py --quick    # smaller shapes (about a minute), same code paths
+
+Builds a random `Qwen3_5ForCausalLM` with transformers, saves it, loads it with
+`wmrl_jax.models.load_hf`, then measures in this run, each side `--repeats`
+times keeping the best (the machine may be shared):
+
+* prefill: the prompt through the model with a fresh cache, logits of the last
+  position (what a sampler's prefill does). Ours: one jitted `forward` +
+  `unembed`; transformers: `model(..., use_cache=True, logits_to_keep=1)`,
+  which runs `torch_chunk_gated_delta_rule` / `causal_conv1d_fn`.
+* decode: new tokens/s of greedy decoding after the prompt, as
+  ``B · (N − 1) / (t(N new tokens) − t(1 new token))`` so that the prefill
+  cancels. Ours: `wmrl_jax.sampling.generate` (jitted prefill + while-loop
+  decode, recurrent delta rule); transformers: `generate(do_sample=False)`
+  (`torch_recurrent_gated_delta_rule`, `causal_conv1d_update`).
+
+Prints compile times of ours, both sides' times and throughputs, the ratios
+(ours / transformers), and how many greedy tokens agree (reported, not
+asserted: long greedy runs on random weights can split after a near-tie).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+import numpy as np
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=32_000)
+    parser.add_argument("--heads", type=int, default=8, help="full-attention query heads (head_dim 64)")
+    parser.add_argument("--kv_heads", type=int, default=2)
+    parser.add_argument("--linear_key_heads", type=int, default=4, help="Gated DeltaNet q/k heads (dim 64)")
+    parser.add_argument("--linear_value_heads", type=int, default=8, help="Gated DeltaNet value heads (dim 64)")
+    parser.add_argument("--intermediate", type=int, default=1536)
+    parser.add_argument("--prefill_batch", type=int, default=8)
+    parser.add_argument("--prefill_len", type=int, default=2048)
+    parser.add_argument("--decode_batch", type=int, default=8)
+    parser.add_argument("--prompt_len", type=int, default=128)
+    parser.add_argument("--new_tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per side; the best is kept")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip_prefill", action="store_true")
+    parser.add_argument("--skip_decode", action="store_true")
+    parser.add_argument(
+        "--quick", action="store_true", help="hidden 256, 4 layers, vocab 8k; prefill 2 x 512; decode 4 x (32 + 32)"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.hidden, args.layers, args.vocab, args.heads, args.kv_heads = 256, 4, 8000, 4, 2
+        args.linear_key_heads, args.linear_value_heads, args.intermediate = 2, 4, 768
+        args.prefill_batch, args.prefill_len = 2, 512
+        args.decode_batch, args.prompt_len, args.new_tokens, args.repeats = 4, 32, 32, 1
+    return args
+
+
+def build_checkpoint(args, path: str):
+    """A random f32 `Qwen3_5ForCausalLM` (HF's init) saved to `path`; returns the torch model."""
+    import torch
+    import transformers
+
+    config = transformers.Qwen3_5TextConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=64,
+        linear_num_key_heads=args.linear_key_heads,
+        linear_num_value_heads=args.linear_value_heads,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+        max_position_embeddings=max(args.prefill_len, args.prompt_len + args.new_tokens),
+        tie_word_embeddings=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    torch.manual_seed(args.seed)
+    model = transformers.Qwen3_5ForCausalLM(config).to(torch.float32).eval()
+    model.save_pretrained(path)
+    return model
+
+
+def _best(fn, repeats):
+    best, out = float("inf"), None
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - start)
+    return best, out
+
+
+def prefill_ours(model, tokens: np.ndarray, repeats: int) -> tuple[float, float, np.ndarray]:
+    """(compile s, best run s, last-position logits) of a cached prefill."""
+    import jax
+    import jax.numpy as jnp
+
+    from wmrl_jax.models.layers import positions_from_valid
+
+    family, config = model.family, model.config
+
+    def prefill(params, tokens):
+        valid = jnp.ones(tokens.shape, bool)
+        cache = family.init_cache(config, tokens.shape[0], tokens.shape[1], jnp.float32)
+        hidden, cache = family.forward(params, config, tokens, positions_from_valid(valid), valid, cache)
+        return family.unembed(params, config, hidden[:, -1:])[:, 0], cache
+
+    tokens = jnp.asarray(tokens, jnp.int32)
+    start = time.perf_counter()
+    compiled = jax.jit(prefill).lower(model.params, tokens).compile()
+    compile_s = time.perf_counter() - start
+    run = lambda: np.asarray(jax.block_until_ready(compiled(model.params, tokens))[0])
+    run()
+    best, logits = _best(run, repeats)
+    return compile_s, best, logits
+
+
+def prefill_transformers(hf_model, tokens: np.ndarray, repeats: int) -> tuple[float, np.ndarray]:
+    import torch
+
+    input_ids = torch.as_tensor(tokens, dtype=torch.long)
+
+    def run():
+        with torch.inference_mode():
+            return hf_model(input_ids=input_ids, use_cache=True, logits_to_keep=1).logits[:, -1].numpy()
+
+    run()
+    return _best(run, repeats)
+
+
+def decode_ours(model, prompts, new_tokens: int, repeats: int) -> tuple[float, float, float, list]:
+    """(compile s, t(N) s, t(1) s, tokens) of `sampling.generate`, greedy."""
+    from wmrl_jax import sampling
+
+    times, out = {}, None
+    compile_s = 0.0
+    for n in (1, new_tokens):
+        start = time.perf_counter()
+        sampling.generate(model, prompts, max_new_tokens=n, temperature=0.0)  # compiles this shape
+        compile_s += time.perf_counter() - start
+        times[n], result = _best(lambda n=n: sampling.generate(model, prompts, max_new_tokens=n, temperature=0.0), repeats)
+        out = result.tokens
+    return compile_s - times[1] - times[new_tokens], times[new_tokens], times[1], out
+
+
+def decode_transformers(hf_model, prompts, new_tokens: int, repeats: int) -> tuple[float, float, list]:
+    import torch
+
+    input_ids = torch.as_tensor(np.asarray(prompts, np.int64))
+    mask = torch.ones_like(input_ids)
+
+    def run(n):
+        with torch.inference_mode():
+            out = hf_model.generate(
+                input_ids=input_ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                pad_token_id=0,
+            )
+        return out[:, input_ids.shape[1] :].tolist()
+
+    run(2)
+    t1, _ = _best(lambda: run(1), repeats)
+    tn, tokens = _best(lambda: run(new_tokens), repeats)
+    return tn, t1, tokens
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from wmrl_jax.models import load_hf
+
+    with tempfile.TemporaryDirectory() as path:
+        hf_model = build_checkpoint(args, path)
+        model = load_hf(path)
+    c = model.config
+    print(
+        f"model: hidden {args.hidden}, {args.layers} layers ({c.num_repeats} x {'+'.join(t[:4] for t in c.pattern)}"
+        f"{' + ' + str(len(c.tail_types)) if c.tail_types else ''}), vocab {args.vocab}, attention {args.heads}/"
+        f"{args.kv_heads} heads, DeltaNet {args.linear_key_heads} qk / {args.linear_value_heads} v heads, mlp "
+        f"{args.intermediate}; f32, torch threads {torch.get_num_threads()}",
+        flush=True,
+    )
+    rng = np.random.default_rng(args.seed)
+    result = {}
+    if not args.skip_prefill:
+        tokens = rng.integers(1, args.vocab, size=(args.prefill_batch, args.prefill_len))
+        n = tokens.size
+        compile_s, ours_s, ours_logits = prefill_ours(model, tokens, args.repeats)
+        print(f"prefill {args.prefill_batch} x {args.prefill_len}: wmrl_jax compile {compile_s:.1f} s, run {ours_s:.2f} s "
+              f"-> {n / ours_s:,.0f} tokens/s", flush=True)
+        hf_s, hf_logits = prefill_transformers(hf_model, tokens, args.repeats)
+        err = float(np.abs(ours_logits - hf_logits).max())
+        print(f"prefill transformers: run {hf_s:.2f} s -> {n / hf_s:,.0f} tokens/s; last-logit max |diff| {err:.1e}")
+        print(f"prefill ratio (ours / transformers tokens/s): {hf_s / ours_s:.2f}x", flush=True)
+        result.update(prefill_ours_s=ours_s, prefill_hf_s=hf_s, prefill_ratio=hf_s / ours_s)
+    if not args.skip_decode:
+        prompts = rng.integers(1, args.vocab, size=(args.decode_batch, args.prompt_len)).tolist()
+        steps = args.decode_batch * (args.new_tokens - 1)
+        compile_s, ours_n, ours_1, ours_tokens = decode_ours(model, prompts, args.new_tokens, args.repeats)
+        ours_rate = steps / (ours_n - ours_1)
+        print(f"decode {args.decode_batch} x ({args.prompt_len} + {args.new_tokens}): wmrl_jax compile ~{compile_s:.1f} s, "
+              f"t(N) {ours_n:.2f} s, t(1) {ours_1:.2f} s -> {ours_rate:,.1f} new tokens/s", flush=True)
+        hf_n, hf_1, hf_tokens = decode_transformers(hf_model, prompts, args.new_tokens, args.repeats)
+        hf_rate = steps / (hf_n - hf_1)
+        agree = float(np.mean(np.asarray(ours_tokens) == np.asarray(hf_tokens)))
+        print(f"decode transformers generate: t(N) {hf_n:.2f} s, t(1) {hf_1:.2f} s -> {hf_rate:,.1f} new tokens/s; "
+              f"greedy tokens equal {agree:.1%}")
+        print(f"decode ratio (ours / transformers tokens/s): {ours_rate / hf_rate:.2f}x", flush=True)
+        result.update(decode_ours_tps=ours_rate, decode_hf_tps=hf_rate, decode_ratio=ours_rate / hf_rate, agree=agree)
+    return result
+
+
+if __name__ == "__main__":
+    main()
