@@ -254,7 +254,6 @@ def run_all(seeds: list[int], cfg: BanditConfig, *, arms: tuple[str, ...] = tupl
     if not seeds:
         raise ValueError("seeds: empty, expected at least one seed")
     n = len(seeds)
-    seeds_np = np.asarray(seeds, np.uint32)
     # Tasks depend on the seed only, so every arm sees the same problems.
     tasks = _stack_np([make_tasks(int(sd), cfg) for sd in seeds])
     optimum = tasks["quality"].max(-1).mean(-1)
