@@ -24,13 +24,19 @@ import statistics
 import time
 
 
-def _median_time(fn, repeats):
-    times = []
+def _median_times(fns, repeats):
+    """Median seconds of each fn. The fns take turns, so load from other
+    processes falls on all alike, and each timed call follows an untimed one
+    of the same fn: XLA's CPU worker threads park while numpy runs, and the
+    first call after that measures their wake-up, not the code."""
+    times = [[] for _ in fns]
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for fn, ts in zip(fns, times):
+            fn()
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return [statistics.median(ts) for ts in times]
 
 
 def _step_data(rng, steps, n=8, g=8, anchors=2):
@@ -92,9 +98,8 @@ def bench_step(repeats: int, steps_per_repeat: int = 64):
     run_jax()
     run_numpy()
     assert loop.debiaser.n_fits > 1
-    t_jax = _median_time(run_jax, repeats) / steps_per_repeat
-    t_np = _median_time(run_numpy, repeats) / steps_per_repeat
-    return t_jax, t_np
+    t_jax, t_np = _median_times([run_jax, run_numpy], repeats)
+    return t_jax / steps_per_repeat, t_np / steps_per_repeat
 
 
 def bench_isotonic(n: int, repeats: int):
@@ -118,17 +123,18 @@ def bench_isotonic(n: int, repeats: int):
         order = np.argsort(x)
         return isotonic_regression(y[order], weights=w[order])
 
-    t_jax = _median_time(lambda: jax.block_until_ready(fit(x32, y32, w32)), repeats)
-    t_sk = _median_time(lambda: IsotonicRegression(out_of_bounds="clip").fit(x, y, sample_weight=w), repeats)
-    t_sp = _median_time(run_scipy, repeats)
-    return t_jax, t_sk, t_sp
+    return _median_times([
+        lambda: jax.block_until_ready(fit(x32, y32, w32)),
+        lambda: IsotonicRegression(out_of_bounds="clip").fit(x, y, sample_weight=w),
+        run_scipy,
+    ], repeats)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     args = parser.parse_args(argv)
-    reps = 3 if args.quick else 7
+    reps = 5 if args.quick else 15
     import jax
 
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; medians of {reps} repeats")

@@ -43,6 +43,8 @@ def _stream(seed, steps, n=4, g=6):
 
 # One jitted step for all tests: the ablation switches are state data, so only
 # `standardize`, the calibration kind and the dtype cost a compile.
+# (`standardize` is always passed: a Python-bool default would trace a second,
+# specialised program.)
 STEP = jax.jit(C.correct_step)
 
 
@@ -140,11 +142,11 @@ def _steps_by_hand(denoise):
     # step 1: s^2 = 1/4 then 0; alpha = 1 - 0.5 = 1/2 -> EWMA 1/8, c = (2-1)/(1/8) = 8.
     wm = np.array([[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]], np.float32)
     real = np.array([[0.0, 2.0, 4.0], [0.0, 1.0, 2.0]], np.float32)
-    state, out1 = STEP(state, *_pad(wm, t, real, t, np.array([True, True])))
+    state, out1 = STEP(state, *_pad(wm, t, real, t, np.array([True, True])), standardize=True)
     # step 2: reversed ranking, s^2 = (8/3)/(2/3) = 4 -> EWMA 1/16 + 2 = 2.0625.
     wm = np.array([[2.0, 1.0, 0.0], [0.3, 0.3, 0.3]], np.float32)
     real = np.array([[0.0, 1.0, 2.0], [0.5, 0.5, 0.5]], np.float32)  # 2nd: degenerate, skipped
-    state, out2 = STEP(state, *_pad(wm, t, real, t, np.array([True, False])))
+    state, out2 = STEP(state, *_pad(wm, t, real, t, np.array([True, False])), standardize=True)
     return state, out1, out2
 
 
@@ -169,7 +171,7 @@ def test_calibrated_group_uses_the_map_and_order_matters():
     t = np.ones((3, 4), bool)
     wm = np.array([[0.05, 0.15, 0.55, 0.95]] * 3, np.float32)
     real = np.array([[0.0, 0.0, 1.0, 1.0]] * 3, np.float32)
-    state, out = STEP(state, *_pad(wm, t, real, t, np.array([False, True, False])))
+    state, out = STEP(state, *_pad(wm, t, real, t, np.array([False, True, False])), standardize=True)
     out = {k: (v[:3, :4] if k == "rewards" else v) for k, v in out.items()}
     np.testing.assert_allclose(np.asarray(out["rewards"][0]), wm[0])  # before the fit: identity
     np.testing.assert_allclose(np.asarray(out["rewards"][1]), real[1])  # anchor: real rewards
@@ -185,7 +187,7 @@ def test_nonfinite_rewards_are_ungraded_and_never_reach_advantages():
     wm = np.array([[0.1, np.nan, 0.3, 0.4], [0.5, 0.2, np.inf, 0.9]], np.float32)
     real = np.array([[0.0, 0.5, np.nan, 1.0], [0.1, 0.2, 0.3, 0.4]], np.float32)
     t = np.ones((2, 4), bool)
-    state, out = STEP(state, *_pad(wm, t, real, t, np.array([True, False])))
+    state, out = STEP(state, *_pad(wm, t, real, t, np.array([True, False])), standardize=True)
     graded = np.asarray(out["graded"])[:2, :4]
     np.testing.assert_array_equal(graded, [[True, True, False, True], [True, True, False, True]])
     assert np.isfinite(np.asarray(out["advantages"])).all()

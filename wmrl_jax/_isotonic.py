@@ -309,7 +309,12 @@ def isotonic_fit(
         # Boundaries are compacted, so block j is [ids_j, ids_{j+1}): its
         # mean is the slope of the CSD between them; no neighbour search.
         size = ids.shape[0]
-        block_mean = slope(ids[:-1], ids[1:])  # entries past count - 1: padding
+        # Gather each boundary's CSD point once; block means are slopes
+        # between consecutive boundaries.
+        cw_h, cw_l, cs_h, cs_l = wh[ids], wl[ids], sh[ids], sl[ids]
+        dw = (cw_h[1:] - cw_h[:-1]) + (cw_l[1:] - cw_l[:-1])
+        ds = (cs_h[1:] - cs_h[:-1]) + (cs_l[1:] - cs_l[:-1])
+        block_mean = ds / jnp.where(dw > 0, dw, 1.0)  # entries past count - 1: padding
         j = jnp.arange(1, size - 1, dtype=jnp.int32)
         viol = (j < count - 1) & (block_mean[:-1] > block_mean[1:])
         return jnp.concatenate([jnp.zeros((1,), bool), viol, jnp.zeros((1,), bool)])

@@ -358,7 +358,8 @@ def _observe_many(st: CorrectionState, s2: Array, do: Array) -> CorrectionState:
     def body(carry, inp):
         return _ewma_update(*carry, *params, *inp), None
 
-    carry, _ = lax.scan(body, tuple(getattr(st, k) for k in _EWMA_KEYS), (s2, do))
+    # Unrolled: N is small and static, and a loop costs more than its body.
+    carry, _ = lax.scan(body, tuple(getattr(st, k) for k in _EWMA_KEYS), (s2, do), unroll=True)
     return dataclasses.replace(st, **dict(zip(_EWMA_KEYS, carry)))
 
 
