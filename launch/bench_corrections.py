@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
+import sys
 import time
 
 
@@ -135,9 +137,19 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     args = parser.parse_args(argv)
     reps = 5 if args.quick else 15
+    if "jax" not in sys.modules:
+        # One XLA CPU thread, like the single-threaded peers: these kernels are
+        # latency-bound (8 x 8 rewards, 5000-pair buffer) and intra-op
+        # threading only adds hand-offs, which a shared machine makes slow.
+        flags = os.environ.get("XLA_FLAGS", "")
+        if "multi_thread_eigen" not in flags:
+            os.environ["XLA_FLAGS"] = (
+                flags + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+            ).strip()
     import jax
 
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; medians of {reps} repeats")
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; medians of {reps} repeats; "
+          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
     t_jax, t_np = bench_step(reps)
     print("\ncorrect_step, 8 groups x 8, cap 5000 full, refit every 4th call (per call)")
     print(f"  {'jax (jit)':<28}{t_jax * 1e3:9.3f} ms")
