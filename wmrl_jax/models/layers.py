@@ -105,27 +105,35 @@ def attention_mask(
     return causal[None] & valid_k[:, None, :]
 
 
-def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+def gqa_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float, *, kv_layout: str = "bskh"
+) -> jax.Array:
     """Grouped-query attention: softmax(q·kᵀ·scale + mask)·v, query head n reads KV head n // G.
 
     The grouping equals HF's `repeat_kv` (repeat-interleave of KV heads)
     without materialising the repeated keys.
 
     Args:
-      q: [B, T, N, H]; k, v: [B, S, K, H]; mask: bool[B, T, S].
+      q: [B, T, N, H]; k, v: [B, S, K, H] (kv_layout "bskh", fresh keys) or
+        [B, K, S, H] ("bksh", the head-major KV cache: the dots then read the
+        cache in place instead of transposing a copy of it every step);
+        mask: bool[B, T, S].
     Returns:
       [B, T, N, H] in q.dtype (softmax in f32).
     """
     chex.assert_rank([q, k, v, mask], [4, 4, 4, 3])
+    if kv_layout not in ("bskh", "bksh"):
+        raise ValueError(f"gqa_attention: kv_layout must be 'bskh' or 'bksh', got {kv_layout!r}")
     batch, length, num_heads, head_dim = q.shape
-    num_kv = k.shape[2]
+    num_kv = k.shape[2] if kv_layout == "bskh" else k.shape[1]
     if num_heads % num_kv:
         raise ValueError(f"gqa_attention: {num_heads} query heads is not a multiple of {num_kv} KV heads")
     q_btkgh = q.reshape(batch, length, num_kv, num_heads // num_kv, head_dim)
-    scores_bkgts = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k, preferred_element_type=jnp.float32) * scale
+    kv = kv_layout
+    scores_bkgts = jnp.einsum(f"btkgh,{kv}->bkgts", q_btkgh, k, preferred_element_type=jnp.float32) * scale
     scores_bkgts = jnp.where(mask[:, None, None], scores_bkgts, _MASK_VALUE)
     probs_bkgts = jax.nn.softmax(scores_bkgts, axis=-1).astype(v.dtype)
-    out_btkgh = jnp.einsum("bkgts,bskh->btkgh", probs_bkgts, v)
+    out_btkgh = jnp.einsum(f"bkgts,{kv}->btkgh", probs_bkgts, v)
     return out_btkgh.reshape(batch, length, num_heads, head_dim)
 
 
@@ -170,16 +178,12 @@ def attention_context(tokens: jax.Array, positions: jax.Array, valid: jax.Array,
     return ctx
 
 
-def cached_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, kv_cache: tuple | None, ctx: dict, scale: float
-) -> tuple[jax.Array, tuple | None]:
-    """gqa_attention over this step's keys, or over the cache after writing them at ctx["index"].
+def write_layer_kv(stack_lbksh: jax.Array, new_btkh: jax.Array, layer: jax.Array, index: jax.Array) -> jax.Array:
+    """Writes this step's keys (or values) [B, T, K, H] into the stacked cache [L, B, K, S, H].
 
-    kv_cache: None or (k_cache [B, S, K, H], v_cache [B, S, K, H]); returns
-    (out [B, T, N, H], the updated pair or None).
+    Only the T new slots of layer `layer` are written: the stacked cache rides
+    in the layer scan's carry, so XLA updates it in place (a scanned-over cache
+    would be sliced out and stacked back, a full copy per layer per token).
     """
-    if kv_cache is None:
-        return gqa_attention(q, k, v, ctx["mask"], scale), None
-    keys = write_cache(kv_cache[0], k, ctx["index"])
-    values = write_cache(kv_cache[1], v, ctx["index"])
-    return gqa_attention(q, keys, values, ctx["mask"], scale), (keys, values)
+    new_1bkth = new_btkh.swapaxes(1, 2)[None].astype(stack_lbksh.dtype)
+    return jax.lax.dynamic_update_slice(stack_lbksh, new_1bkth, (layer, 0, 0, index, 0))

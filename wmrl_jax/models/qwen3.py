@@ -212,7 +212,8 @@ def hf_ignore(config: Config) -> tuple[str, ...]:
 
 
 def init_cache(config: Config, batch: int, max_len: int, dtype: Any = jnp.float32) -> Cache:
-    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    # Head-major [L, B, K, S, H]: decode-step attention reads it without a transpose.
+    shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
     return {
         "index": jnp.zeros((), jnp.int32),
         "valid": jnp.zeros((batch, max_len), bool),
@@ -222,7 +223,7 @@ def init_cache(config: Config, batch: int, max_len: int, dtype: Any = jnp.float3
 
 
 def cache_axes(config: Config) -> dict:
-    kv = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
+    kv = ("layers", "batch", "kv_heads", "cache_length", "head_dim")
     return {"index": (), "valid": ("batch", "cache_length"), "k": kv, "v": kv}
 
 
@@ -238,11 +239,10 @@ def forward(
     c = config
     ctx = L.attention_context(tokens, positions, valid, cache)
     x_btd = constrain(jnp.take(params["embed_vd"], tokens, axis=0), ("batch", "length", "embed"))
-    kv_cache = None if cache is None else (cache["k"], cache["v"])
     scale = c.head_dim**-0.5
 
-    def layer(x_btd, inputs):
-        lp, kv = inputs
+    def block(x_btd, lp, attend):
+        """One decoder layer; attend(q, k, v) -> (out [B, T, N, H], kv state) owns the KV handling."""
         h_btd = L.rms_norm(x_btd, lp["attn_norm_d"], c.rms_norm_eps)
         q_btnh = jnp.einsum("btd,dnh->btnh", h_btd, lp["q_proj_dnh"])
         k_btkh = jnp.einsum("btd,dkh->btkh", h_btd, lp["k_proj_dkh"])
@@ -250,18 +250,42 @@ def forward(
         q_btnh = L.apply_rope(L.rms_norm(q_btnh, lp["q_norm_h"], c.rms_norm_eps), positions, c.rope_theta, c.head_dim)
         k_btkh = L.apply_rope(L.rms_norm(k_btkh, lp["k_norm_h"], c.rms_norm_eps), positions, c.rope_theta, c.head_dim)
         q_btnh = constrain(q_btnh, ("batch", "length", "heads", "head_dim"))
-        attn_btnh, new_kv = L.cached_attention(q_btnh, k_btkh, v_btkh, kv, ctx, scale)
+        attn_btnh, kv_state = attend(q_btnh, k_btkh, v_btkh)
         x_btd = x_btd + jnp.einsum("btnh,nhd->btd", attn_btnh, lp["o_proj_nhd"])
         x_btd = constrain(x_btd, ("batch", "length", "embed"))
         h_btd = L.rms_norm(x_btd, lp["mlp_norm_d"], c.rms_norm_eps)
         x_btd = x_btd + L.swiglu(h_btd, lp["gate_proj_df"], lp["up_proj_df"], lp["down_proj_fd"])
-        return constrain(x_btd, ("batch", "length", "embed")), new_kv
+        return constrain(x_btd, ("batch", "length", "embed")), kv_state
 
-    x_btd, new_kv = jax.lax.scan(layer, x_btd, (params["layers"], kv_cache))
-    hidden_btd = L.rms_norm(x_btd, params["final_norm_d"], c.rms_norm_eps)
     if cache is None:
-        return hidden_btd, None
-    new_cache = {"index": ctx["index"] + tokens.shape[1], "valid": ctx["cache_valid"], "k": new_kv[0], "v": new_kv[1]}
+
+        def layer(x_btd, lp):
+            return block(x_btd, lp, lambda q, k, v: (L.gqa_attention(q, k, v, ctx["mask"], scale), None))
+
+        x_btd, _ = jax.lax.scan(layer, x_btd, params["layers"])
+        return L.rms_norm(x_btd, params["final_norm_d"], c.rms_norm_eps), None
+
+    def cached_layer(carry, inputs):
+        # The stacked cache is carried (updated in place), not scanned over.
+        x_btd, k_lbksh, v_lbksh = carry
+        lp, index_l = inputs
+
+        def attend(q, k, v):
+            k_stack = L.write_layer_kv(k_lbksh, k, index_l, ctx["index"])
+            v_stack = L.write_layer_kv(v_lbksh, v, index_l, ctx["index"])
+            keys = jax.lax.dynamic_index_in_dim(k_stack, index_l, 0, keepdims=False)
+            values = jax.lax.dynamic_index_in_dim(v_stack, index_l, 0, keepdims=False)
+            return L.gqa_attention(q, keys, values, ctx["mask"], scale, kv_layout="bksh"), (k_stack, v_stack)
+
+        x_btd, (k_lbksh, v_lbksh) = block(x_btd, lp, attend)
+        return (x_btd, k_lbksh, v_lbksh), None
+
+    layer_ids = jnp.arange(c.num_layers, dtype=jnp.int32)
+    (x_btd, k_lbksh, v_lbksh), _ = jax.lax.scan(
+        cached_layer, (x_btd, cache["k"], cache["v"]), (params["layers"], layer_ids)
+    )
+    hidden_btd = L.rms_norm(x_btd, params["final_norm_d"], c.rms_norm_eps)
+    new_cache = {"index": ctx["index"] + tokens.shape[1], "valid": ctx["cache_valid"], "k": k_lbksh, "v": v_lbksh}
     return hidden_btd, new_cache
 
 
