@@ -178,6 +178,12 @@ def attention_context(tokens: jax.Array, positions: jax.Array, valid: jax.Array,
     return ctx
 
 
+def write_kv(cache_bksh: jax.Array, new_btkh: jax.Array, index: jax.Array) -> jax.Array:
+    """Writes this step's keys (or values) [B, T, K, H] into one layer's head-major cache [B, K, S, H]."""
+    new_bkth = new_btkh.swapaxes(1, 2).astype(cache_bksh.dtype)
+    return jax.lax.dynamic_update_slice(cache_bksh, new_bkth, (0, 0, index, 0))
+
+
 def write_layer_kv(stack_lbksh: jax.Array, new_btkh: jax.Array, layer: jax.Array, index: jax.Array) -> jax.Array:
     """Writes this step's keys (or values) [B, T, K, H] into the stacked cache [L, B, K, S, H].
 

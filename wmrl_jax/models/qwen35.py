@@ -443,15 +443,15 @@ def hf_ignore(config: Config) -> tuple[str, ...]:
 def _layer_cache_shapes(c: Config, kind: str, batch: int, max_len: int) -> dict[str, tuple[tuple[int, ...], bool]]:
     """name -> (shape, is_f32_state)."""
     if kind == FULL:
-        kv = (batch, max_len, c.num_kv_heads, c.head_dim)
+        kv = (batch, c.num_kv_heads, max_len, c.head_dim)  # head-major: decode reads it without a transpose
         return {"k": (kv, False), "v": (kv, False)}
     m, e, u = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
     return {"conv": ((batch, c.linear_conv_kernel - 1, c.conv_dim), False), "state": ((batch, m, e, u), True)}
 
 
 _CACHE_AXES = {
-    "k": ("batch", "cache_length", "kv_heads", "head_dim"),
-    "v": ("batch", "cache_length", "kv_heads", "head_dim"),
+    "k": ("batch", "kv_heads", "cache_length", "head_dim"),
+    "v": ("batch", "kv_heads", "cache_length", "head_dim"),
     "conv": ("batch", "conv_kernel", "conv_channels"),
     "state": ("batch", "value_heads", "key_dim", "value_dim"),
 }
@@ -536,12 +536,13 @@ def _full_attention(lp: dict, c: Config, h_btd: jax.Array, ctx: dict, cache: dic
     k_btkh = L.apply_rope(norm(k_btkh, lp["k_norm_h"]), ctx["positions"], c.rope_theta, c.rotary_dim)
     q_btnh = constrain(q_btnh, ("batch", "length", "heads", "head_dim"))
     if cache is None:
-        keys, values, new_cache = k_btkh, v_btkh, None
+        new_cache = None
+        attn_btnh = L.gqa_attention(q_btnh, k_btkh, v_btkh, ctx["mask"], c.head_dim**-0.5)
     else:
-        keys = L.write_cache(cache["k"], k_btkh, ctx["index"])
-        values = L.write_cache(cache["v"], v_btkh, ctx["index"])
+        keys = L.write_kv(cache["k"], k_btkh, ctx["index"])
+        values = L.write_kv(cache["v"], v_btkh, ctx["index"])
         new_cache = {"k": keys, "v": values}
-    attn_btnh = L.gqa_attention(q_btnh, keys, values, ctx["mask"], c.head_dim**-0.5)
+        attn_btnh = L.gqa_attention(q_btnh, keys, values, ctx["mask"], c.head_dim**-0.5, kv_layout="bksh")
     attn_btnh = attn_btnh * jax.nn.sigmoid(gate_btnh.astype(jnp.float32)).astype(attn_btnh.dtype)
     return jnp.einsum("btnh,nhd->btd", attn_btnh, lp["o_proj_nhd"]), new_cache
 
