@@ -569,18 +569,8 @@ def forward(
 ) -> tuple[jax.Array, Cache | None]:
     """Final-normed hidden states [B, T, D] (param dtype) and the updated cache (see family.py)."""
     c = config
-    if tokens.ndim != 2 or positions.shape != tokens.shape or valid.shape != tokens.shape:
-        raise ValueError(
-            f"tokens/positions/valid: expected equal [B, T] shapes, got {tokens.shape}, {positions.shape}, {valid.shape}"
-        )
-    valid = valid.astype(bool)
+    ctx = L.attention_context(tokens, positions, valid, cache)
     x_btd = constrain(jnp.take(params["embed_vd"], tokens, axis=0), ("batch", "length", "embed"))
-    ctx = {"positions": positions, "valid": valid}
-    if cache is None:
-        ctx.update(index=0, mask=L.attention_mask(valid, valid))
-    else:
-        cache_valid = L.write_cache(cache["valid"], valid, cache["index"])
-        ctx.update(index=cache["index"], mask=L.attention_mask(valid, cache_valid, q_offset=cache["index"]))
 
     def block(x_btd, inputs):
         block_params, block_cache = inputs
@@ -600,7 +590,7 @@ def forward(
         return hidden_btd, None
     new_cache = {
         "index": cache["index"] + tokens.shape[1],
-        "valid": cache_valid,
+        "valid": ctx["cache_valid"],
         "blocks": new_blocks,
         "tail": new_tail,
     }
