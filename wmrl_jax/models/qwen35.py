@@ -42,6 +42,7 @@ import jax.numpy as jnp
 
 from wmrl_jax.models import gated_deltanet as gdn
 from wmrl_jax.models import layers as L
+from wmrl_jax.models.blocked_attention import blocked_causal_attention
 from wmrl_jax.models.family import Cache, HfTensor, Params
 from wmrl_jax.models.sharding import constrain
 
@@ -535,14 +536,18 @@ def _full_attention(lp: dict, c: Config, h_btd: jax.Array, ctx: dict, cache: dic
     q_btnh = L.apply_rope(norm(q_btnh, lp["q_norm_h"]), ctx["positions"], c.rope_theta, c.rotary_dim)
     k_btkh = L.apply_rope(norm(k_btkh, lp["k_norm_h"]), ctx["positions"], c.rope_theta, c.rotary_dim)
     q_btnh = constrain(q_btnh, ("batch", "length", "heads", "head_dim"))
+    scale = c.head_dim**-0.5
     if cache is None:
         new_cache = None
-        attn_btnh = L.gqa_attention(q_btnh, k_btkh, v_btkh, ctx["mask"], c.head_dim**-0.5)
+        keys, values, key_valid = k_btkh.swapaxes(1, 2), v_btkh.swapaxes(1, 2), ctx["valid"]
     else:
         keys = L.write_kv(cache["k"], k_btkh, ctx["index"])
         values = L.write_kv(cache["v"], v_btkh, ctx["index"])
-        new_cache = {"k": keys, "v": values}
-        attn_btnh = L.gqa_attention(q_btnh, keys, values, ctx["mask"], c.head_dim**-0.5, kv_layout="bksh")
+        new_cache, key_valid = {"k": keys, "v": values}, ctx["cache_valid"]
+    if q_btnh.shape[1] == 1:  # a decode step: one score row per head, nothing to block
+        attn_btnh = L.gqa_attention(q_btnh, keys, values, ctx["mask"], scale, kv_layout="bksh")
+    else:
+        attn_btnh = blocked_causal_attention(q_btnh, keys, values, key_valid, scale, q_offset=ctx["index"])
     attn_btnh = attn_btnh * jax.nn.sigmoid(gate_btnh.astype(jnp.float32)).astype(attn_btnh.dtype)
     return jnp.einsum("btnh,nhd->btd", attn_btnh, lp["o_proj_nhd"]), new_cache
 
