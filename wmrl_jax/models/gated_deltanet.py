@@ -14,7 +14,7 @@ by v_t at learning rate β_t. Two numerically equivalent evaluations:
   step per token. Used for single-token decoding.
 * ``chunk_gated_delta_rule`` — the WY / UT-transform form: within a chunk of
   C tokens the C rank-1 updates are condensed into one unit lower-triangular
-  solve, and ``lax.scan`` runs over chunks only (T / C sequential steps of
+  solve, and a loop runs over chunks only (T / C sequential steps of
   matmuls instead of T steps of outer products). Used for prefill/training.
 
 Both follow transformers' ``torch_chunk_gated_delta_rule`` /
@@ -52,37 +52,24 @@ def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
 def unit_lower_triangular_inverse(a: jax.Array) -> jax.Array:
     """``(I + tril₋₁(a))⁻¹`` for ``a [..., C, C]`` (diagonal and upper triangle of ``a`` ignored).
 
-    Recursive block inversion, doubling the block size each step::
+    With P = −tril₋₁(a) strictly lower triangular, P^C = 0, so the inverse is
+    the finite Neumann series Σ_{k<C} P^k, evaluated as the product::
 
-        [[A, 0], [X, D]]⁻¹ = [[A⁻¹, 0], [−D⁻¹ X A⁻¹, D⁻¹]]
+        (I + P)(I + P²)(I + P⁴) ··· (I + P^{2^{m−1}}),   2^m ≥ C
 
-    log₂C levels of batched matmuls. Same result as forward substitution
-    (what ``torch.linalg.solve_triangular`` does) up to rounding, but XLA's
-    CPU ``triangular_solve`` on many small batched systems is a slow loop,
-    and matmuls are what every backend is fastest at. C is padded with
-    identity rows up to a power of two.
+    i.e. 2(m − 1) batched C×C matmuls. Same result as forward substitution
+    (``torch.linalg.solve_triangular``) up to rounding, but XLA's CPU
+    ``triangular_solve`` on many small batched systems is a slow loop, and a
+    recursive block inversion costs a gather and concatenations per level;
+    whole-matrix matmuls are what every backend is fastest at.
     """
     c = a.shape[-1]
-    size = 1 << max(c - 1, 0).bit_length()
-    strict = jnp.tril(a.astype(jnp.float32), -1)
-    strict = jnp.pad(strict, [(0, 0)] * (a.ndim - 2) + [(0, size - c), (0, size - c)])
-    lead = strict.shape[:-2]
-    inv = jnp.ones(lead + (size, 1, 1), jnp.float32)  # inverses of the 1 x 1 diagonal blocks
-    block = 1
-    while block < size:
-        pairs = size // (2 * block)
-        grid = strict.reshape(lead + (pairs, 2 * block, pairs, 2 * block))
-        diag = jnp.moveaxis(jnp.diagonal(grid, axis1=-4, axis2=-2), -1, -3)  # [..., pairs, 2b, 2b]
-        lower_left = diag[..., block:, :block]
-        a_inv, d_inv = inv[..., 0::2, :, :], inv[..., 1::2, :, :]
-        off = -jnp.einsum(
-            "...ij,...jk,...kl->...il", d_inv, lower_left, a_inv, precision=_PRECISION
-        )
-        top = jnp.concatenate([a_inv, jnp.zeros_like(a_inv)], axis=-1)
-        bottom = jnp.concatenate([off, d_inv], axis=-1)
-        inv = jnp.concatenate([top, bottom], axis=-2)
-        block *= 2
-    return inv[..., 0, :c, :c]
+    power = -jnp.tril(a.astype(jnp.float32), -1)  # P^{2^i}
+    inverse = jnp.eye(c, dtype=jnp.float32) + power
+    for _ in range(max(c - 1, 1).bit_length() - 1):
+        power = jnp.einsum("...ij,...jk->...ik", power, power, precision=_PRECISION)
+        inverse = inverse + jnp.einsum("...ij,...jk->...ik", inverse, power, precision=_PRECISION)
+    return inverse
 
 
 def _check_delta_rule_inputs(query, key, value, g, beta, initial_state):
@@ -165,7 +152,7 @@ def chunk_gated_delta_rule(
     beta: jax.Array,
     initial_state: jax.Array | None = None,
     *,
-    chunk_size: int = 64,
+    chunk_size: int = 16,
     normalize_qk: bool = True,
 ) -> tuple[jax.Array, jax.Array]:
     """The gated delta rule in chunks of ``chunk_size`` tokens (WY form).
@@ -180,60 +167,88 @@ def chunk_gated_delta_rule(
         O  = (Q ⊙ e^Γ) S + (Q Kᵀ ⊙ D) V'
         S ← e^{Γ_C} S + (K ⊙ e^{Γ_C − Γ})ᵀ V'
 
-    Same arguments and returns as ``recurrent_gated_delta_rule``; the
-    triangular systems of all chunks are solved at once (as batched matmuls,
-    see ``unit_lower_triangular_inverse``), and only the last three lines run
-    in a ``lax.scan`` over chunks.
+    Same arguments and returns as ``recurrent_gated_delta_rule``.
+
+    Layout, measured on CPU (8 × 2048 tokens, 8 value heads of 64: 0.54 s
+    with the per-chunk systems solved for all chunks at once up front and a
+    scan over chunks, 0.14 s this way): one loop over chunks does all of a
+    chunk's work while its ``[B, J, G, C, ·]`` tensors sit in cache (batched
+    matmuls over every chunk at once ran at a third of the speed), slicing
+    the chunk straight out of ``[B, N, C, ...]`` (no chunk-major transposes
+    of the whole sequence), with matmuls that share an operand merged
+    (``[KβKᵀ; QKᵀ]``, ``[W; Q e^Γ] S``, ``[QKᵀ ⊙ D; (K e^{Γ_C−Γ})ᵀ] V'``).
+    Value heads are grouped as (key head J, G = H_v / H_k) so that q and k
+    are never repeated per value head and Kᵀ K, Q Kᵀ are formed once per key
+    head. The default C = 16 was the fastest of 8 / 16 / 32 / 64 there: the
+    C² intra-chunk terms shrink with C while the state terms per token do not
+    depend on it.
     """
     _check_delta_rule_inputs(query, key, value, g, beta, initial_state)
     if chunk_size < 1:
         raise ValueError(f"chunk_size: {chunk_size}, expected a positive int")
     out_dtype = query.dtype
-    q, k, v, g, beta = _prepare(query, key, value, g, beta, normalize_qk)
-    b, h, t, d_k = k.shape
-    d_v = v.shape[-1]
-    c = chunk_size
+    b, t, j, d_k = key.shape
+    h_v, d_v = value.shape[2:]
+    groups, c = h_v // j, chunk_size
+    q = query.astype(jnp.float32)
+    k = key.astype(jnp.float32)
+    if normalize_qk:
+        q, k = l2_normalize(q), l2_normalize(k)
+    q = q * d_k**-0.5
     pad = -t % c
     n = (t + pad) // c
     # Zero padding at the end: g = 0 (no decay) and k = β = 0 (no write) keep the final state exact.
-    pad_to_chunks = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 3)).reshape(
-        b, h, n, c, *x.shape[3:]
+    to_chunks = lambda x, *tail: jnp.pad(x.astype(jnp.float32), [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)).reshape(
+        b, n, c, *tail
     )
-    q, k, v, g, beta = map(pad_to_chunks, (q, k, v, g, beta))  # [B, H, N, C, ...]
+    q_bncjk, k_bncjk = to_chunks(q, j, d_k), to_chunks(k, j, d_k)
+    v_bncjgv = to_chunks(value, j, groups, d_v)
+    g_bncjg, beta_bncjg = to_chunks(g, j, groups), to_chunks(beta, j, groups)
+    causal_il = jnp.tril(jnp.ones((c, c), bool))
+    strict_il = jnp.tril(jnp.ones((c, c), bool), -1)
+    if initial_state is None:
+        state = jnp.zeros((b, j, groups, d_k, d_v), jnp.float32)
+    else:
+        state = initial_state.astype(jnp.float32).reshape(b, j, groups, d_k, d_v)
 
-    cum_bhnc = jnp.cumsum(g, axis=-1)
-    causal_cc = jnp.tril(jnp.ones((c, c), bool))
-    # Masking before exp (not after) keeps exp from overflowing above the diagonal and keeps gradients finite.
-    decay_bhncc = jnp.exp(jnp.where(causal_cc, cum_bhnc[..., :, None] - cum_bhnc[..., None, :], -jnp.inf))
-    k_beta = k * beta[..., None]
-    v_beta = v * beta[..., None]
-    system_bhncc = jnp.einsum("bhnik,bhnjk->bhnij", k_beta, k, precision=_PRECISION) * decay_bhncc
-    inverse_bhncc = unit_lower_triangular_inverse(system_bhncc)
-    u_bhncv = jnp.einsum("bhnij,bhnjv->bhniv", inverse_bhncc, v_beta, precision=_PRECISION)
-    w_bhnck = jnp.einsum("bhnij,bhnjk->bhnik", inverse_bhncc, k_beta * jnp.exp(cum_bhnc)[..., None], precision=_PRECISION)
-    intra_bhncc = jnp.einsum("bhnik,bhnjk->bhnij", q, k, precision=_PRECISION) * decay_bhncc
-    q_decayed = q * jnp.exp(cum_bhnc)[..., None]
-    k_decayed = k * jnp.exp(cum_bhnc[..., -1:] - cum_bhnc)[..., None]
-    chunk_decay_bhn = jnp.exp(cum_bhnc[..., -1])
-
-    state = jnp.zeros((b, h, d_k, d_v), jnp.float32) if initial_state is None else initial_state.astype(jnp.float32)
-
-    def step(s_bhkv, xs):
-        u, w, intra, q_dec, k_dec, decay_bh = xs
-        v_new = u - jnp.einsum("bhck,bhkv->bhcv", w, s_bhkv, precision=_PRECISION)
-        out = jnp.einsum("bhck,bhkv->bhcv", q_dec, s_bhkv, precision=_PRECISION) + jnp.einsum(
-            "bhij,bhjv->bhiv", intra, v_new, precision=_PRECISION
+    def chunk(i, carry):
+        s_bjgkv, out_bncjgv = carry
+        take = lambda x: jax.lax.dynamic_index_in_dim(x, i, 1, keepdims=False)
+        q_bcjk, k_bcjk, v_bcjgv = take(q_bncjk), take(k_bncjk), take(v_bncjgv)
+        beta_bcjg = take(beta_bncjg)
+        cum_bcjg = jnp.cumsum(take(g_bncjg), axis=1)
+        cum_bjgc = cum_bcjg.transpose(0, 2, 3, 1)
+        # Masking before exp (not after) keeps exp from overflowing above the diagonal and keeps gradients finite.
+        decay_bjgil = jnp.exp(jnp.where(causal_il, cum_bjgc[..., :, None] - cum_bjgc[..., None, :], -jnp.inf))
+        # [K; Q] Kᵀ per key head: rows :c give the system, rows c: the intra-chunk scores.
+        qk_bjxl = jnp.einsum("bxjk,bljk->bjxl", jnp.concatenate([k_bcjk, q_bcjk], 1), k_bcjk, precision=_PRECISION)
+        system_bjgil = qk_bjxl[:, :, None, :c] * beta_bcjg.transpose(0, 2, 3, 1)[..., None] * decay_bjgil
+        inverse_bjgil = unit_lower_triangular_inverse(jnp.where(strict_il, system_bjgil, 0.0))
+        exp_cum_bcjg = jnp.exp(cum_bcjg)
+        rhs_bcjgx = jnp.concatenate(
+            [v_bcjgv * beta_bcjg[..., None], (beta_bcjg * exp_cum_bcjg)[..., None] * k_bcjk[:, :, :, None]], -1
         )
-        s_bhkv = s_bhkv * decay_bh[..., None, None] + jnp.einsum(
-            "bhck,bhcv->bhkv", k_dec, v_new, precision=_PRECISION
+        uw_bjgix = jnp.einsum("bjgil,bljgx->bjgix", inverse_bjgil, rhs_bcjgx, precision=_PRECISION)
+        q_decayed_bjgik = (exp_cum_bcjg[..., None] * q_bcjk[:, :, :, None]).transpose(0, 2, 3, 1, 4)
+        # [W; Q e^Γ] S: what the state predicts for the chunk's keys, and its part of the output.
+        ws_bjgxv = jnp.einsum(
+            "bjgxk,bjgkv->bjgxv", jnp.concatenate([uw_bjgix[..., d_v:], q_decayed_bjgik], 3), s_bjgkv, precision=_PRECISION
         )
-        return s_bhkv, out
+        v_new_bjgiv = uw_bjgix[..., :d_v] - ws_bjgxv[..., :c, :]
+        k_decayed_bjgkl = jnp.exp(cum_bjgc[..., -1:] - cum_bjgc)[..., None, :] * k_bcjk.transpose(0, 2, 3, 1)[:, :, None]
+        intra_bjgil = qk_bjxl[:, :, None, c:] * decay_bjgil
+        # [QKᵀ ⊙ D; (K e^{Γ_C−Γ})ᵀ] V': rows :c the intra-chunk output, rows c: the state update.
+        r_bjgxv = jnp.einsum(
+            "bjgxl,bjglv->bjgxv", jnp.concatenate([intra_bjgil, k_decayed_bjgkl], 3), v_new_bjgiv, precision=_PRECISION
+        )
+        o_bcjgv = (ws_bjgxv[..., c:, :] + r_bjgxv[..., :c, :]).transpose(0, 3, 1, 2, 4)
+        s_bjgkv = s_bjgkv * jnp.exp(cum_bjgc[..., -1])[..., None, None] + r_bjgxv[..., c:, :]
+        return s_bjgkv, jax.lax.dynamic_update_index_in_dim(out_bncjgv, o_bcjgv, i, 1)
 
-    chunk_major = lambda x: jnp.moveaxis(x, 2, 0)
-    xs = tuple(map(chunk_major, (u_bhncv, w_bhnck, intra_bhncc, q_decayed, k_decayed, chunk_decay_bhn)))
-    state, out_nbhcv = jax.lax.scan(step, state, xs)
-    out_bhtv = jnp.moveaxis(out_nbhcv, 0, 2).reshape(b, h, n * c, d_v)[:, :, :t]
-    return jnp.swapaxes(out_bhtv, 1, 2).astype(out_dtype), state
+    out = jnp.zeros((b, n, c, j, groups, d_v), jnp.float32)
+    state, out = jax.lax.fori_loop(0, n, chunk, (state, out))
+    out_bthv = out.reshape(b, n * c, h_v, d_v)[:, :t]
+    return out_bthv.astype(out_dtype), state.reshape(b, h_v, d_k, d_v)
 
 
 @functools.partial(jax.jit, static_argnames=("activation",))
