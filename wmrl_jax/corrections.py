@@ -21,25 +21,34 @@ are also executed for real ("anchors"). Two kinds of WM error, two corrections
 
 Contracts: an unscored rollout is masked (``graded`` False), never scored 0.0
 -- a 0 would be a confident claim that the attempt was bad. NaN/inf rewards are
-ungraded. All state (ring buffer, map, EWMA, constant, counters) is one pytree,
-so Orbax checkpoints it with the model and a resumed run continues exactly.
+ungraded. All state (ring buffer, map, EWMA, constant, counters) is one pytree
+of four arrays, so Orbax checkpoints it with the model and a resumed run
+continues exactly (few leaves: a jitted call per step pays per leaf).
 
 Everything is jit-able with static shapes: the FIFO is a ring buffer with a
-length, pairs are pushed one at a time inside ``lax.scan`` so a refit can
-happen in the middle of a step exactly as in the reference, and a refit is a
-``lax.cond`` (its O(cap) work runs only when due).
+length, and a step's pairs are written in segments that end exactly where a
+refit falls due, so a refit can happen in the middle of a step, seeing the
+buffer as of its push, as in the reference; the O(cap) refit runs only when
+due (a ``lax.while_loop``, one iteration per refit).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from wmrl_jax._correction_state import (
+    CorrectionConfig,
+    CorrectionState,
+    Fields,
+    init_correction_state,
+    pack,
+    unpack,
+)
 from wmrl_jax._isotonic import (
     MonotoneMap,
     apply_calibration,
@@ -70,7 +79,6 @@ __all__ = [
     "select_anchor_groups",
 ]
 
-CALIBRATIONS = ("binned", "exact")
 _VAR_FLOOR = 1e-9  # var(s) below this: a degenerate group, no ranking to compare
 _EWMA_FLOOR = 1e-12  # disagreement this small cannot set a finite constant c
 
@@ -145,126 +153,25 @@ def group_disagreement(calibrated: Array, real: Array, mask: Array | None = None
 
 
 # ----------------------------------------------------------------------- state
-
-
-@dataclasses.dataclass(frozen=True)
-class CorrectionConfig:
-    """What fixes array shapes or code paths: static, part of the jit cache key.
-
-    Every other setting is a scalar in the state, so one compiled step serves
-    every ablation arm and hyper-parameter (and a run may change them mid-way).
-    """
-
-    cap: int = 5000  # FIFO of the newest pairs: the map tracks the current policy
-    bins: int = 10  # equal-width bins over [0, 1] (binned calibration)
-    calibration: str = "binned"  # "binned" (paper) or "exact" isotonic
-
-
-@functools.partial(
-    jax.tree_util.register_dataclass,
-    data_fields=[
-        "buf_x", "buf_y", "buf_len", "buf_head", "since", "n_pairs", "n_fits", "fitted",
-        "bias_before", "bias_after", "bias_reduction", "ewma", "n_obs", "c", "c_set",
-        "n_steps", "n_groups_seen", "n_anchor_seen", "debias", "denoise", "min_pairs",
-        "refit_every", "alpha", "warmup", "w_max", "target_weight",
-    ],
-    meta_fields=["config"],
-)
-@dataclasses.dataclass(frozen=True)
-class CorrectionState:
-    """All correction state; a pytree (checkpointable), config static."""
-
-    buf_x: Array  # [cap] WM scores of the buffered pairs (ring)
-    buf_y: Array  # [cap] real scores of the buffered pairs
-    buf_len: Array  # int32, pairs held (<= cap); slots [0, buf_len) are live
-    buf_head: Array  # int32, next slot to write (the oldest once full)
-    since: Array  # int32, pairs arrived since the last successful refit
-    n_pairs: Array  # int32, pairs ever pushed
-    n_fits: Array  # int32, successful refits
-    fitted: MonotoneMap  # current map (valid False = identity)
-    bias_before: Array  # diagnostics of the last refit, on its buffer
-    bias_after: Array
-    bias_reduction: Array
-    ewma: Array  # disagreement EWMA (meaningful once n_obs > 0)
-    n_obs: Array  # int32, non-degenerate anchor groups observed
-    c: Array  # the frozen scale constant (meaningful once c_set)
-    c_set: Array  # bool
-    n_steps: Array  # int32 correct_step calls
-    n_groups_seen: Array  # int32 groups seen, for the realised anchor fraction
-    n_anchor_seen: Array  # int32 anchor groups seen
-    # Settings as data (see CorrectionConfig for why). Paper values by default.
-    debias: Array  # bool; False: the map stays the identity (pairs still buffered)
-    denoise: Array  # bool; False: anchor weight 1 (disagreement still tracked)
-    min_pairs: Array  # int32 (200): identity until this many pairs are buffered
-    refit_every: Array  # int32 (64): pairs since the last successful refit
-    alpha: Array  # EWMA rate 1 - 0.5^(1 / max(1, half_life)), half-life 64 groups
-    warmup: Array  # int32 (32): groups observed before c is fixed
-    w_max: Array  # (4.0) the anchor weight never exceeds this
-    target_weight: Array  # (2.0) the weight at the moment c is fixed
-    config: CorrectionConfig
-
-
-def init_correction_state(
-        *,
-        cap: int = 5000,
-        bins: int = 10,
-        min_pairs: int = 200,
-        refit_every: int = 64,
-        half_life: float = 64.0,
-        warmup: int = 32,
-        w_max: float = 4.0,
-        target_weight: float = 2.0,
-        debias: bool = True,
-        denoise: bool = True,
-        calibration: str = "binned",
-        dtype=None,
-) -> CorrectionState:
-    """Fresh correction state: empty buffer, identity map, weight 1.
-
-    ``dtype`` defaults to JAX's default float (float32; float64 under
-    ``jax_enable_x64``).
-    """
-    if calibration not in CALIBRATIONS:
-        raise ValueError(f"calibration: {calibration!r}, expected one of {CALIBRATIONS}")
-    for name, v, lo in (("cap", cap, 1), ("bins", bins, 1), ("min_pairs", min_pairs, 0),
-                        ("refit_every", refit_every, 0), ("warmup", warmup, 0)):
-        if int(v) != v or v < lo:
-            raise ValueError(f"{name}: {v!r}, expected an integer >= {lo}")
-    if not w_max >= 1.0:
-        raise ValueError(f"w_max: {w_max!r}, expected >= 1")
-    config = CorrectionConfig(int(cap), int(bins), calibration)
-    dtype = jnp.zeros(()).dtype if dtype is None else jnp.dtype(dtype)
-    k = config.bins if calibration == "binned" else config.cap
-    i32 = functools.partial(jnp.zeros, (), jnp.int32)
-    f = functools.partial(jnp.zeros, (), dtype)
-    fitted = MonotoneMap(jnp.zeros((k,), dtype), jnp.zeros((k,), dtype), i32(), jnp.zeros((), bool))
-    return CorrectionState(
-        buf_x=jnp.zeros((config.cap,), dtype), buf_y=jnp.zeros((config.cap,), dtype),
-        buf_len=i32(), buf_head=i32(), since=i32(), n_pairs=i32(), n_fits=i32(), fitted=fitted,
-        bias_before=f(), bias_after=f(), bias_reduction=f(), ewma=f(), n_obs=i32(), c=f(),
-        c_set=jnp.zeros((), bool), n_steps=i32(), n_groups_seen=i32(), n_anchor_seen=i32(),
-        debias=jnp.asarray(bool(debias)), denoise=jnp.asarray(bool(denoise)),
-        min_pairs=jnp.asarray(int(min_pairs), jnp.int32),
-        refit_every=jnp.asarray(int(refit_every), jnp.int32),
-        alpha=jnp.asarray(1.0 - 0.5 ** (1.0 / max(1.0, float(half_life))), dtype),
-        warmup=jnp.asarray(int(warmup), jnp.int32), w_max=jnp.asarray(float(w_max), dtype),
-        target_weight=jnp.asarray(float(target_weight), dtype), config=config,
-    )
+# CorrectionState is four packed arrays (see _correction_state for why); the
+# mechanics below work on its unpacked view, Fields, and the ring buffer
+# ``buffer`` float[2, cap] (WM scores; real scores), passed only where touched.
 
 
 # ------------------------------------------------------------------ mechanics
 
 
-def _refit(st: CorrectionState) -> CorrectionState:
+def _refit(st: Fields, buffer: Array) -> Fields:
     """Fit on the whole buffer; keep the old map if the fit is degenerate."""
     cfg = st.config
+    x, y = buffer[0], buffer[1]
     live = jnp.arange(cfg.cap) < st.buf_len
     if cfg.calibration == "binned":
-        new = binned_isotonic_fit(st.buf_x, st.buf_y, live, bins=cfg.bins)
+        new = binned_isotonic_fit(x, y, live, bins=cfg.bins)
     else:
-        new = isotonic_fit(st.buf_x, st.buf_y, mask=live)
+        new = isotonic_fit(x, y, mask=live)
     ok = new.valid
-    before, after, red = bias_stats(st.buf_x, st.buf_y, new, live)
+    before, after, red = bias_stats(x, y, new, live)
     keep = lambda a, b: jnp.where(ok, a, b)  # noqa: E731
     return dataclasses.replace(
         st,
@@ -277,58 +184,88 @@ def _refit(st: CorrectionState) -> CorrectionState:
     )
 
 
-def _push(st: CorrectionState, x: Array, y: Array, do: Array) -> CorrectionState:
-    """Append one pair (when ``do``) to the FIFO; refit if due (DESIGN.md)."""
-    cfg = st.config
-    head = st.buf_head
-    d = do.astype(jnp.int32)
+def _advance(st: Fields, sel: Array) -> tuple[Fields, Array]:
+    """Append the selected pairs (``sel`` bool[P], in order) to the FIFO's
+    counters; returns each pair's slot (``cap``: not written)."""
+    cap = st.config.cap
+    rank = jnp.cumsum(sel.astype(jnp.int32))
+    m = rank[-1]
+    # Of more than cap pairs only the newest cap survive: writing only those
+    # keeps every slot written once (a scatter's duplicate order is undefined).
+    slot = jnp.where(sel & (rank > m - cap), (st.buf_head + rank - 1) % cap, cap)
     st = dataclasses.replace(
         st,
-        buf_x=st.buf_x.at[head].set(jnp.where(do, x, st.buf_x[head])),
-        buf_y=st.buf_y.at[head].set(jnp.where(do, y, st.buf_y[head])),
-        buf_head=(head + d) % cfg.cap,
-        buf_len=jnp.minimum(st.buf_len + d, cfg.cap),
-        since=st.since + d,
-        n_pairs=st.n_pairs + d,
+        buf_head=(st.buf_head + m) % cap,
+        buf_len=jnp.minimum(st.buf_len + m, cap),
+        since=st.since + m,
+        n_pairs=st.n_pairs + m,
     )
-    due = do & st.debias & (st.buf_len >= st.min_pairs) & (st.since >= st.refit_every)
-    return lax.cond(due, _refit, lambda s: s, st)
+    return st, slot
 
 
-def _refit_possible(st: CorrectionState, pair: Array) -> Array:
-    """Whether pushing ``pair``'s pairs in order could trigger a refit."""
-    k = jnp.cumsum(pair.astype(jnp.int32))
-    due = pair & (jnp.minimum(st.buf_len + k, st.config.cap) >= st.min_pairs) & (
-        st.since + k >= st.refit_every)
-    # More pairs than slots would overwrite a slot twice in one scatter.
-    return (st.debias & due.any()) | (k[-1] > st.config.cap)
+def _scatter(buffer: Array, slot: Array, xy: Array) -> Array:
+    """Write pairs ``xy`` float[2, P] into ``buffer`` at ``slot`` int[P]."""
+    return buffer.at[:, slot].set(xy, mode="drop")
 
 
-def _write(st: CorrectionState, x: Array, y: Array, pair: Array) -> CorrectionState:
-    """Push all of ``pair``'s pairs at once (valid only when no refit is due)."""
-    cfg = st.config
-    k = jnp.cumsum(pair.astype(jnp.int32))
-    slot = jnp.where(pair, (st.buf_head + k - 1) % cfg.cap, cfg.cap)
-    p = k[-1]
-    return dataclasses.replace(
-        st,
-        buf_x=st.buf_x.at[slot].set(x, mode="drop"),
-        buf_y=st.buf_y.at[slot].set(y, mode="drop"),
-        buf_head=(st.buf_head + p) % cfg.cap,
-        buf_len=jnp.minimum(st.buf_len + p, cfg.cap),
-        since=st.since + p,
-        n_pairs=st.n_pairs + p,
-    )
+def _pushes_to_refit(st: Fields) -> Array:
+    """How many more pushes until a refit is due (a huge number if never).
+
+    Due after a push once the buffer holds >= min_pairs and >= refit_every
+    pairs arrived since the last successful refit; both only grow with pushes.
+    """
+    never = jnp.iinfo(jnp.int32).max
+    k = jnp.maximum(1, jnp.maximum(st.refit_every - st.since, st.min_pairs - st.buf_len))
+    return jnp.where(st.debias & (st.min_pairs <= st.config.cap), k, never)
 
 
-def _push_many(st: CorrectionState, x: Array, y: Array, pair: Array) -> CorrectionState:
-    """Push one group's pairs in order: one at a time only if a refit may fall
-    among them (the refit must see the buffer exactly as of its push)."""
+def _push_and_calibrate(st: Fields, buffer: Array, xy: Array, pair: Array, wm: Array):
+    """Push the step's pairs in order, refitting after each push where due,
+    and calibrate every group with the map current after its own pairs.
 
-    def one_by_one(st):
-        return lax.scan(lambda s, q: (_push(s, *q), None), st, (x, y, pair))[0]
+    The reference pushes one pair at a time and checks after each push whether
+    a refit is due. Where the next one falls follows from the counters alone
+    (``_pushes_to_refit``), so the pairs up to it are written in one scatter,
+    the refit runs there, and the loop goes on from the next pair: one
+    iteration per refit, not one per pair. A refit sees the buffer exactly as
+    of its push; a failed (degenerate) fit leaves ``since`` due, so the next
+    pair tries again, as in the reference.
 
-    return lax.cond(_refit_possible(st, pair), one_by_one, lambda s: _write(s, x, y, pair), st)
+    Args:
+        xy: float[2, N * G] the step's (WM, real) scores, group-major;
+        pair: bool[N, G], rollouts pushed as pairs; wm: float[N, G].
+
+    Returns:
+        (state, buffer, calibrated float[N, G]): group i calibrated by the map
+        after all refits up to its last pair (for a group without pairs: the
+        map at its turn).
+    """
+    n, g = pair.shape
+    sel = pair.reshape(-1)
+    ordinal = jnp.cumsum(sel.astype(jnp.int32))  # pair q is the q-th pushed (1-based)
+    total = ordinal[-1]
+    group_end = ordinal.reshape(n, g)[:, -1]  # pairs pushed up to and including group i
+
+    def calibrate(st, p0, cal):
+        # Groups ending at or after p0 see this map (later segments overwrite).
+        return jnp.where((group_end >= p0)[:, None], apply_calibration(st.fitted, wm), cal)
+
+    def due(carry):
+        st, _, p0, _ = carry
+        return _pushes_to_refit(st) <= total - p0
+
+    def body(carry):
+        st, buffer, p0, cal = carry
+        k = p0 + _pushes_to_refit(st)
+        cal = calibrate(st, p0, cal)
+        st, slot = _advance(st, sel & (ordinal > p0) & (ordinal <= k))
+        buffer = _scatter(buffer, slot, xy)
+        return _refit(st, buffer), buffer, k, cal
+
+    st, buffer, p0, cal = lax.while_loop(due, body, (st, buffer, jnp.int32(0), wm))
+    cal = calibrate(st, p0, cal)
+    st, slot = _advance(st, sel & (ordinal > p0))
+    return st, _scatter(buffer, slot, xy), cal
 
 
 def _ewma_update(ewma, n_obs, c, c_set, alpha, warmup, target_weight, s2, do):
@@ -344,15 +281,8 @@ def _ewma_update(ewma, n_obs, c, c_set, alpha, warmup, target_weight, s2, do):
 _EWMA_KEYS = ("ewma", "n_obs", "c", "c_set")
 
 
-def _observe(st: CorrectionState, s2: Array, do: Array) -> CorrectionState:
-    """Fold one group's disagreement (when ``do``) into the state."""
-    out = _ewma_update(*(getattr(st, k) for k in _EWMA_KEYS), st.alpha, st.warmup,
-                       st.target_weight, s2, do)
-    return dataclasses.replace(st, **dict(zip(_EWMA_KEYS, out)))
-
-
-def _observe_many(st: CorrectionState, s2: Array, do: Array) -> CorrectionState:
-    """``_observe`` over groups in order, carrying only the four scalars."""
+def _observe_many(st: Fields, s2: Array, do: Array) -> Fields:
+    """Fold each group's disagreement (where ``do``) into the EWMA, in order."""
     params = (st.alpha, st.warmup, st.target_weight)
 
     def body(carry, inp):
@@ -366,7 +296,7 @@ def _observe_many(st: CorrectionState, s2: Array, do: Array) -> CorrectionState:
 def anchor_weight(st: CorrectionState) -> Array:
     """w = 1 until c is fixed, then clip(1 + c * EWMA, 1, w_max); 1 without denoising."""
     w = jnp.clip(1.0 + st.c * st.ewma, 1.0, st.w_max)
-    return jnp.where(st.c_set & st.denoise, w, 1.0).astype(st.buf_x.dtype)
+    return jnp.where(st.c_set & st.denoise, w, 1.0).astype(st.ewma.dtype)
 
 
 def _check(name, a, shape, kind):
@@ -403,7 +333,8 @@ def correct_step(
     scoring real rewards times the weight.
 
     Args:
-        state: from ``init_correction_state``.
+        state: from ``init_correction_state``. A host loop calling the jitted
+            step should donate it (``jax.jit(correct_step, donate_argnums=0)``).
         wm_rewards, real_rewards: float[N, G] (entries not graded are ignored;
             NaN/inf count as ungraded).
         wm_graded, real_graded: bool[N, G].
@@ -428,59 +359,78 @@ def correct_step(
     real_rewards = _check("real_rewards", real_rewards, (n, g), "float")
     real_graded = _check("real_graded", real_graded, (n, g), "bool")
     is_anchor = _check("is_anchor", is_anchor, (n,), "bool")
-    dtype = state.buf_x.dtype
-    wm_ok = wm_graded & jnp.isfinite(wm_rewards)
-    real_ok = real_graded & jnp.isfinite(real_rewards)
-    wm = jnp.where(wm_ok, wm_rewards, 0.0).astype(dtype)
-    real = jnp.where(real_ok, real_rewards, 0.0).astype(dtype)
+    if not isinstance(state, CorrectionState):
+        raise TypeError(f"state: {type(state).__name__}, expected CorrectionState (init_correction_state)")
+    dtype = state.buffer.dtype
 
-    def one_group(st, inp):
-        wm_i, wm_ok_i, real_i, real_ok_i, anchor_i = inp
-        pair = anchor_i & wm_ok_i & real_ok_i
-        st = _push_many(st, wm_i, real_i, pair)
-        calibrated = apply_calibration(st.fitted, wm_i)
-        s2, ok = group_disagreement(calibrated, real_i, pair)
-        st = _observe(st, s2, anchor_i & ok)
-        rewards = jnp.where(anchor_i, real_i, calibrated)
-        graded = jnp.where(anchor_i, real_ok_i, wm_ok_i)
-        return st, (jnp.where(graded, rewards, 0.0), graded)
-
-    def in_order(st):
-        return lax.scan(one_group, st, (wm, wm_ok, real, real_ok, is_anchor))
-
-    def without_refit(st):
-        # No refit anywhere in this step: the map is the same for every group,
-        # so the step vectorises; only the scalar EWMA recursion stays serial.
+    def inputs():
+        # Called inside each branch below (see the end): cheap, and kept out
+        # of the top level on purpose.
+        wm_ok = wm_graded & jnp.isfinite(wm_rewards)
+        real_ok = real_graded & jnp.isfinite(real_rewards)
+        wm = jnp.where(wm_ok, wm_rewards, 0.0).astype(dtype)
+        real = jnp.where(real_ok, real_rewards, 0.0).astype(dtype)
         pair = is_anchor[:, None] & wm_ok & real_ok
-        st = _write(st, wm.reshape(-1), real.reshape(-1), pair.reshape(-1))
-        calibrated = apply_calibration(st.fitted, wm)
+        return wm, real, wm_ok, real_ok, pair
+
+    def finish(st, calibrated):
+        """Disagreement, EWMA, advantages: everything after calibration."""
+        wm, real, wm_ok, real_ok, pair = inputs()
         s2, ok = jax.vmap(group_disagreement)(calibrated, real, pair)
         st = _observe_many(st, s2, is_anchor & ok)
-        rewards = jnp.where(is_anchor[:, None], real, calibrated)
         graded = jnp.where(is_anchor[:, None], real_ok, wm_ok)
-        return st, (jnp.where(graded, rewards, 0.0), graded)
+        rewards = jnp.where(graded, jnp.where(is_anchor[:, None], real, calibrated), 0.0)
+        st = dataclasses.replace(
+            st,
+            n_steps=st.n_steps + 1,
+            n_groups_seen=st.n_groups_seen + n,
+            n_anchor_seen=st.n_anchor_seen + is_anchor.sum().astype(jnp.int32),
+        )
+        weight = anchor_weight(st)
+        adv, used = group_advantages(rewards, graded, is_anchor, weight, eps=eps,
+                                     min_graded=min_graded, standardize=True)
+        if not isinstance(standardize, bool) or not standardize:
+            # standardize may be traced: both variants are [N, G]-cheap, and
+            # one compiled step then serves both ablation arms.
+            centred, _ = group_advantages(rewards, graded, is_anchor, weight, eps=eps,
+                                          min_graded=min_graded, standardize=False)
+            adv = jnp.where(standardize, adv, centred)
+        out = dict(rewards=rewards, graded=graded, advantages=adv, used=used, anchor_weight=weight)
+        out.update(_diagnostics(st))
+        return pack(st), out
 
-    all_pairs = (is_anchor[:, None] & wm_ok & real_ok).reshape(-1)
-    state, (rewards, graded) = lax.cond(_refit_possible(state, all_pairs), in_order, without_refit,
-                                        state)
-    state = dataclasses.replace(
-        state,
-        n_steps=state.n_steps + 1,
-        n_groups_seen=state.n_groups_seen + n,
-        n_anchor_seen=state.n_anchor_seen + is_anchor.sum().astype(jnp.int32),
-    )
-    weight = anchor_weight(state)
-    adv, used = group_advantages(rewards, graded, is_anchor, weight, eps=eps,
-                                 min_graded=min_graded, standardize=True)
-    if not isinstance(standardize, bool) or not standardize:
-        # standardize may be traced: both variants are [N, G]-cheap, and one
-        # compiled step then serves both ablation arms.
-        centred, _ = group_advantages(rewards, graded, is_anchor, weight, eps=eps,
-                                      min_graded=min_graded, standardize=False)
-        adv = jnp.where(standardize, adv, centred)
-    out = dict(rewards=rewards, graded=graded, advantages=adv, used=used, anchor_weight=weight)
-    out.update(_diagnostics(state))
-    return state, out
+    def xy_pairs():
+        wm, real, _, _, pair = inputs()
+        return jnp.stack([wm.reshape(-1), real.reshape(-1)]), pair
+
+    def small_part():
+        # No refit this step: one map for all groups, the step vectorises.
+        wm, _, _, _, pair = inputs()
+        st, slot = _advance(unpack(state), pair.reshape(-1))
+        return finish(st, apply_calibration(st.fitted, wm)), slot
+
+    def in_order(_):
+        xy, pair = xy_pairs()
+        st, buffer, calibrated = _push_and_calibrate(unpack(state), state.buffer, xy, pair,
+                                                     xy[0].reshape(pair.shape))
+        return buffer, finish(st, calibrated)
+
+    def write_pairs(small):
+        (packed, out), slot = small
+        return _scatter(state.buffer, slot, xy_pairs()[0]), (packed, out)
+
+    # Why two conditionals on the same predicate: XLA:CPU runs a program's
+    # operations one after another only where they number <= 8 or all touch
+    # <= 512 bytes; otherwise it hands them to its thread pool, which costs
+    # more per call than this step's [N, G] arithmetic (measured ~2x the
+    # per-call time). So the common step is split into the [N, G]-sized part
+    # and the one scatter into the ring buffer, and the top level is 2 ops.
+    refit = _pushes_to_refit(unpack(state)) <= inputs()[-1].sum()
+    shapes = jax.eval_shape(small_part)
+    small = lax.cond(refit, lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes),
+                     small_part)
+    buffer, ((knots, counters, scalars), out) = lax.cond(refit, in_order, write_pairs, small)
+    return CorrectionState(buffer, knots, counters, scalars, state.config), out
 
 
 def _diagnostics(st: CorrectionState) -> dict:
