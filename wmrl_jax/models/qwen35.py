@@ -500,7 +500,8 @@ class _OutIn(NamedTuple):
 # Input dims (leading, in the einsum name) of every projection weight.
 _PROJ_IN = {
     "qkv_proj_dc": 1, "z_proj_dmu": 1, "b_proj_dm": 1, "a_proj_dm": 1, "out_proj_mud": 2, "q_gate_proj_dnxh": 1,
-    "k_proj_dkh": 1, "v_proj_dkh": 1, "o_proj_nhd": 2, "gate_proj_df": 1, "up_proj_df": 1, "down_proj_fd": 1,
+    "k_proj_dkh": 1, "v_proj_dkh": 1, "o_proj_nhd": 2, "gate_proj_df": 1, "up_proj_df": 1, "gate_up_proj_dxf": 1,
+    "down_proj_fd": 1,
 }
 
 
@@ -529,8 +530,12 @@ def _out_in(name: str, w: jax.Array) -> jax.Array | _OutIn:
 
 def _mlp(lp: dict, h_btd: jax.Array) -> jax.Array:
     """SwiGLU MLP (``layers.swiglu``), through ``_proj`` so that decode-layout weights work too."""
-    gate_btf = _proj("btd,df->btf", h_btd, lp["gate_proj_df"])
-    up_btf = _proj("btd,df->btf", h_btd, lp["up_proj_df"])
+    if "gate_up_proj_dxf" in lp:  # decode layout: gate and up stacked, one matmul
+        gate_up_btxf = _proj("btd,dxf->btxf", h_btd, lp["gate_up_proj_dxf"])
+        gate_btf, up_btf = gate_up_btxf[:, :, 0], gate_up_btxf[:, :, 1]
+    else:
+        gate_btf = _proj("btd,df->btf", h_btd, lp["gate_proj_df"])
+        up_btf = _proj("btd,df->btf", h_btd, lp["up_proj_df"])
     return _proj("btf,fd->btd", jax.nn.silu(gate_btf) * up_btf, lp["down_proj_fd"])
 
 
@@ -629,9 +634,11 @@ def _decode_blocks(block_params: dict, block_cache: dict, c: Config, x_btd: jax.
     """
     new_cache = {pos: dict(layer) for pos, layer in block_cache.items()}
     for r in range(c.num_repeats):
-        params_r = {
-            pos: {name: _out_in(name, w[r]) for name, w in layer.items()} for pos, layer in block_params.items()
-        }
+        params_r = {}
+        for pos, layer in block_params.items():
+            layer_r = {name: w[r] for name, w in layer.items()}
+            layer_r["gate_up_proj_dxf"] = jnp.stack([layer_r.pop("gate_proj_df"), layer_r.pop("up_proj_df")], axis=1)
+            params_r[pos] = {name: _out_in(name, w) for name, w in layer_r.items()}
         params_r = jax.lax.optimization_barrier(params_r)
         for j, kind in enumerate(c.pattern):
             layer_cache = {name: leaf[r] for name, leaf in new_cache[str(j)].items()}
