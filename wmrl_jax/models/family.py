@@ -72,7 +72,9 @@ class HfTensor:
     """One HF tensor <-> one param leaf (or one layer of a stacked leaf).
 
     Layout: param = hf.reshape(view).transpose(perm). `key` contains
-    "{layer}" when `stacked`: layer i's tensor is param[i].
+    "{layer}" when `stacked`: slice i of the param is the HF tensor
+    `layer_key(i)`, i.e. HF layer `layer_ids[i]` (default: layer i; a family
+    whose stack holds every P-th layer lists them).
     """
 
     key: str
@@ -81,19 +83,32 @@ class HfTensor:
     view: tuple[int, ...]
     perm: tuple[int, ...]
     stacked: bool = False
+    layer_ids: tuple[int, ...] | None = None
 
     @property
     def param_shape(self) -> tuple[int, ...]:
         return tuple(self.view[p] for p in self.perm)
 
+    def layer_key(self, i: int) -> str:
+        """The HF key of slice i of a stacked param."""
+        return self.key.format(layer=i if self.layer_ids is None else self.layer_ids[i])
+
     @classmethod
-    def same(cls, key: str, path: tuple[str, ...], shape: tuple[int, ...], stacked: bool = False) -> "HfTensor":
+    def same(
+        cls, key: str, path: tuple[str, ...], shape: tuple[int, ...], stacked: bool = False, layer_ids=None
+    ) -> "HfTensor":
         shape = tuple(shape)
-        return cls(key, tuple(path), shape, shape, tuple(range(len(shape))), stacked)
+        return cls(key, tuple(path), shape, shape, tuple(range(len(shape))), stacked, layer_ids)
 
     @classmethod
     def linear(
-        cls, key: str, path: tuple[str, ...], in_dims: tuple[int, ...], out_dims: tuple[int, ...], stacked: bool = False
+        cls,
+        key: str,
+        path: tuple[str, ...],
+        in_dims: tuple[int, ...],
+        out_dims: tuple[int, ...],
+        stacked: bool = False,
+        layer_ids=None,
     ) -> "HfTensor":
         """An `nn.Linear` weight [prod(out), prod(in)] stored as param [*in_dims, *out_dims]."""
         n_out, n_in = len(out_dims), len(in_dims)
@@ -104,6 +119,7 @@ class HfTensor:
             tuple(out_dims) + tuple(in_dims),
             tuple(range(n_out, n_out + n_in)) + tuple(range(n_out)),
             stacked,
+            layer_ids,
         )
 
 

@@ -120,10 +120,10 @@ def _read_model_type(path: Path) -> str:
 
 
 def _expand(entry: HfTensor, expected: dict) -> list[str]:
-    """The HF keys of one entry: layer i of a stacked leaf is key.format(layer=i), i < its leading dim."""
+    """The HF keys of one entry: slice i of a stacked leaf is entry.layer_key(i), i < its leading dim."""
     if not entry.stacked:
         return [entry.key]
-    return [entry.key.format(layer=i) for i in range(_get_path(expected, entry.path).shape[0])]
+    return [entry.layer_key(i) for i in range(_get_path(expected, entry.path).shape[0])]
 
 
 def _get_path(tree: dict, path: tuple[str, ...]):
@@ -201,7 +201,7 @@ def _reader(entry: HfTensor, files: dict, dtype, num_layers: int):
         if not entry.stacked:
             return np.asarray(convert(entry.key)[index], dtype=dtype)
         layers = range(*index[0].indices(num_layers))
-        return np.stack([np.asarray(convert(entry.key.format(layer=i))[index[1:]], dtype=dtype) for i in layers])
+        return np.stack([np.asarray(convert(entry.layer_key(i))[index[1:]], dtype=dtype) for i in layers])
 
     return callback
 
@@ -235,7 +235,7 @@ def save_hf(model: Model, path, *, max_shard_bytes: int | None = None, tokenizer
         inverse = tuple(np.argsort(entry.perm))
         layers = range(leaf.shape[0]) if entry.stacked else [None]
         for i in layers:
-            key = entry.key.format(layer=i) if entry.stacked else entry.key
+            key = entry.layer_key(i) if entry.stacked else entry.key
 
             def thunk(leaf=leaf, i=i, inverse=inverse, entry=entry):
                 value = np.asarray(jax.device_get(leaf if i is None else leaf[i]))

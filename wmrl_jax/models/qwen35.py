@@ -1,4 +1,8 @@
-"""Qwen3.5 (hybrid Gated DeltaNet + gated attention): config, params, cached forward, HF table.
+"""Qwen3.5 (hybrid Gated DeltaNet + gated attention): params, cache and cached forward.
+
+The config and presets live in ``qwen35_config``, the HF name table in
+``qwen35_hf``; both are re-exported here, so this module is the whole
+``family.ModelFamily``.
 
 Matches transformers' ``models/qwen3_5/modeling_qwen3_5.py`` (text model):
 pre-norm decoder whose token mixer is, per ``layer_types``, either
@@ -33,8 +37,6 @@ delta-rule state is left exactly as it was), and are masked as attention keys.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from typing import Any, NamedTuple
 
 import jax
@@ -43,201 +45,22 @@ import jax.numpy as jnp
 from wmrl_jax.models import gated_deltanet as gdn
 from wmrl_jax.models import layers as L
 from wmrl_jax.models.blocked_attention import blocked_causal_attention
-from wmrl_jax.models.family import Cache, HfTensor, Params
+from wmrl_jax.models.family import Cache, Params
+from wmrl_jax.models.qwen35_config import (  # noqa: F401 - the family contract and the presets, re-exported
+    CAUSAL_LM,
+    CONDITIONAL_GENERATION,
+    FULL,
+    LINEAR,
+    MODEL_TYPES,
+    PRESETS,
+    QWEN35_4B,
+    QWEN35_9B,
+    Config,
+    config_from_hf,
+    config_to_hf,
+)
+from wmrl_jax.models.qwen35_hf import hf_ignore, hf_table  # noqa: F401 - family contract, re-exported
 from wmrl_jax.models.sharding import constrain
-
-MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
-LINEAR, FULL = "linear_attention", "full_attention"
-CAUSAL_LM, CONDITIONAL_GENERATION = "causal_lm", "conditional_generation"
-_PREFIX = {CAUSAL_LM: "model.", CONDITIONAL_GENERATION: "model.language_model."}
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    layer_types: tuple[str, ...]
-    linear_num_key_heads: int
-    linear_num_value_heads: int
-    linear_key_head_dim: int
-    linear_value_head_dim: int
-    linear_conv_kernel: int = 4
-    rope_theta: float = 10_000_000.0
-    partial_rotary_factor: float = 0.25
-    rms_norm_eps: float = 1e-6
-    tie_word_embeddings: bool = False
-    max_position_embeddings: int = 262_144
-    initializer_range: float = 0.02
-    # Tokens per chunk of the chunked delta rule (ours, not HF's; FLA uses 64):
-    # the intra-chunk terms are C² per chunk, the loop has T / C steps; 16 was
-    # the fastest of 8-64 on CPU (see gated_deltanet.chunk_gated_delta_rule).
-    chunk_size: int = 16
-    # Which HF layout the checkpoint had; save_hf writes the same one back.
-    hf_layout: str = CAUSAL_LM
-    # Carried only so that save_hf writes them back (text-only positions make
-    # multimodal RoPE the plain 1-D RoPE; the vision tower is not loaded).
-    mrope_section: tuple[int, ...] | None = None
-    mrope_interleaved: bool | None = None
-    vision_config_json: str | None = None
-    bos_token_id: int | None = None
-    eos_token_id: int | tuple[int, ...] | None = None
-    pad_token_id: int | None = None
-
-    def __post_init__(self):
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
-        if self.linear_num_value_heads % self.linear_num_key_heads:
-            raise ValueError(
-                f"linear_num_value_heads={self.linear_num_value_heads} must be a multiple of "
-                f"linear_num_key_heads={self.linear_num_key_heads}"
-            )
-        bad = sorted(set(self.layer_types) - {LINEAR, FULL})
-        if bad or not self.layer_types:
-            raise ValueError(f"layer_types: expected a non-empty list of {LINEAR!r} / {FULL!r}, got {bad or '[]'}")
-        if self.hf_layout not in _PREFIX:
-            raise ValueError(f"hf_layout={self.hf_layout!r}, expected one of {sorted(_PREFIX)}")
-        L.rope_settings({"rope_theta": self.rope_theta, "partial_rotary_factor": self.partial_rotary_factor}, self.head_dim)
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.layer_types)
-
-    @property
-    def rotary_dim(self) -> int:
-        return int(self.head_dim * self.partial_rotary_factor)
-
-    @property
-    def key_dim(self) -> int:
-        return self.linear_num_key_heads * self.linear_key_head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        return 2 * self.key_dim + self.linear_num_value_heads * self.linear_value_head_dim
-
-    @property
-    def pattern(self) -> tuple[str, ...]:
-        """The shortest P-prefix with layer_types[i] == layer_types[i % P] for every i."""
-        types = self.layer_types
-        period = next(p for p in range(1, len(types) + 1) if all(t == types[i % p] for i, t in enumerate(types)))
-        return types[:period]
-
-    @property
-    def num_repeats(self) -> int:
-        return self.num_layers // len(self.pattern)
-
-    @property
-    def tail_types(self) -> tuple[str, ...]:
-        return self.layer_types[self.num_repeats * len(self.pattern) :]
-
-
-# --------------------------------------------------------------------------- HF config
-
-
-def config_from_hf(hf: dict) -> Config:
-    """Config from ``Qwen3_5TextConfig.to_dict()`` or a nested ``Qwen3_5Config.to_dict()`` (its ``text_config``)."""
-    model_type = hf.get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"config model_type={model_type!r}, expected one of {MODEL_TYPES}")
-    layout, text, vision = CAUSAL_LM, hf, None
-    if "text_config" in hf:
-        layout, text, vision = CONDITIONAL_GENERATION, dict(hf["text_config"]), hf.get("vision_config")
-        if "tie_word_embeddings" in hf:  # the outer model ties (or not) the LM head
-            text["tie_word_embeddings"] = hf["tie_word_embeddings"]
-    if text.get("hidden_act", "silu") != "silu":
-        raise NotImplementedError(f"hidden_act={text['hidden_act']!r}: only 'silu' is implemented")
-    if text.get("attention_bias", False):
-        raise NotImplementedError("attention_bias=True: Qwen3.5 checkpoints have no attention biases; not implemented")
-    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
-    rope = dict(text.get("rope_parameters") or {})
-    theta, rotary_dim = L.rope_settings(rope, head_dim, rope_theta=text.get("rope_theta"))
-    layer_types = text.get("layer_types")
-    if layer_types is None:
-        interval = text.get("full_attention_interval", 4)
-        layer_types = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(text["num_hidden_layers"])]
-    if len(layer_types) != text["num_hidden_layers"]:
-        raise ValueError(f"layer_types has {len(layer_types)} entries, num_hidden_layers={text['num_hidden_layers']}")
-    eos = text.get("eos_token_id")
-    section = rope.get("mrope_section")
-    return Config(
-        vocab_size=text["vocab_size"],
-        hidden_size=text["hidden_size"],
-        intermediate_size=text["intermediate_size"],
-        num_heads=text["num_attention_heads"],
-        num_kv_heads=text.get("num_key_value_heads") or text["num_attention_heads"],
-        head_dim=head_dim,
-        layer_types=tuple(layer_types),
-        linear_num_key_heads=text["linear_num_key_heads"],
-        linear_num_value_heads=text["linear_num_value_heads"],
-        linear_key_head_dim=text["linear_key_head_dim"],
-        linear_value_head_dim=text["linear_value_head_dim"],
-        linear_conv_kernel=text.get("linear_conv_kernel_dim", 4),
-        rope_theta=theta,
-        partial_rotary_factor=rotary_dim / head_dim,
-        rms_norm_eps=text.get("rms_norm_eps", 1e-6),
-        tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
-        max_position_embeddings=text.get("max_position_embeddings", 262_144),
-        initializer_range=text.get("initializer_range", 0.02),
-        hf_layout=layout,
-        mrope_section=tuple(section) if section is not None else None,
-        mrope_interleaved=rope.get("mrope_interleaved"),
-        vision_config_json=json.dumps(vision, sort_keys=True) if vision is not None else None,
-        bos_token_id=text.get("bos_token_id"),
-        eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
-        pad_token_id=text.get("pad_token_id"),
-    )
-
-
-def config_to_hf(config: Config) -> dict:
-    """kwargs for ``transformers.AutoConfig.for_model`` (model_type included), in the checkpoint's layout."""
-    c = config
-    rope = {"rope_type": "default", "rope_theta": c.rope_theta, "partial_rotary_factor": c.partial_rotary_factor}
-    if c.mrope_section is not None:
-        rope["mrope_section"] = list(c.mrope_section)
-    if c.mrope_interleaved is not None:
-        rope["mrope_interleaved"] = c.mrope_interleaved
-    eos = list(c.eos_token_id) if isinstance(c.eos_token_id, tuple) else c.eos_token_id
-    text = dict(
-        model_type="qwen3_5_text",
-        vocab_size=c.vocab_size,
-        hidden_size=c.hidden_size,
-        intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers,
-        num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim,
-        layer_types=list(c.layer_types),
-        linear_num_key_heads=c.linear_num_key_heads,
-        linear_num_value_heads=c.linear_num_value_heads,
-        linear_key_head_dim=c.linear_key_head_dim,
-        linear_value_head_dim=c.linear_value_head_dim,
-        linear_conv_kernel_dim=c.linear_conv_kernel,
-        rope_parameters=rope,
-        rms_norm_eps=c.rms_norm_eps,
-        tie_word_embeddings=c.tie_word_embeddings,
-        max_position_embeddings=c.max_position_embeddings,
-        initializer_range=c.initializer_range,
-        hidden_act="silu",
-        attention_bias=False,
-        bos_token_id=c.bos_token_id,
-        eos_token_id=eos,
-        pad_token_id=c.pad_token_id,
-    )
-    if c.hf_layout == CAUSAL_LM:
-        return dict(text, architectures=["Qwen3_5ForCausalLM"])
-    out = dict(
-        model_type="qwen3_5",
-        architectures=["Qwen3_5ForConditionalGeneration"],
-        text_config=text,
-        tie_word_embeddings=c.tie_word_embeddings,
-    )
-    if c.vision_config_json is not None:
-        out["vision_config"] = json.loads(c.vision_config_json)
-    return out
-
 
 # --------------------------------------------------------------------------- params
 
@@ -351,92 +174,6 @@ def init_params(config: Config, rng: jax.Array, dtype: Any = jnp.float32) -> Par
     if not c.tie_word_embeddings:
         params["lm_head_dv"] = leaf("lm_head_dv", (c.hidden_size, c.vocab_size), False)
     return params
-
-
-# --------------------------------------------------------------------------- HF table
-
-
-class _LayerKey(str):
-    """An HF key template whose ``.format(layer=r)`` names HF layer ``layer_ids[r]``.
-
-    ``hf_io`` maps slice r of a stacked leaf to ``key.format(layer=r)``; our
-    stacks hold every P-th layer (one pattern position), so r must be
-    translated to the HF layer index r·P + j.
-    """
-
-    layer_ids: tuple[int, ...]
-
-    def __new__(cls, template: str, layer_ids: tuple[int, ...]):
-        obj = super().__new__(cls, template)
-        obj.layer_ids = tuple(layer_ids)
-        return obj
-
-    def format(self, *args, **kwargs):  # noqa: A003 - mirrors str.format
-        return str.format(self, layer=self.layer_ids[kwargs["layer"]])
-
-
-def _layer_entries(c: Config, kind: str, key: Any, path: tuple[str, ...], stacked: bool) -> list[HfTensor]:
-    """HfTensors of one layer; ``key(suffix)`` gives the HF key (template) of ``model.layers.{i}.<suffix>``."""
-    d, f = c.hidden_size, c.intermediate_size
-    lin, same = HfTensor.linear, HfTensor.same
-    entries = [
-        same(key("input_layernorm.weight"), path + ("attn_norm_d",), (d,), stacked),
-        same(key("post_attention_layernorm.weight"), path + ("mlp_norm_d",), (d,), stacked),
-        lin(key("mlp.gate_proj.weight"), path + ("gate_proj_df",), (d,), (f,), stacked),
-        lin(key("mlp.up_proj.weight"), path + ("up_proj_df",), (d,), (f,), stacked),
-        lin(key("mlp.down_proj.weight"), path + ("down_proj_fd",), (f,), (d,), stacked),
-    ]
-    if kind == FULL:
-        n, k, h = c.num_heads, c.num_kv_heads, c.head_dim
-        return entries + [
-            lin(key("self_attn.q_proj.weight"), path + ("q_gate_proj_dnxh",), (d,), (n, 2, h), stacked),
-            lin(key("self_attn.k_proj.weight"), path + ("k_proj_dkh",), (d,), (k, h), stacked),
-            lin(key("self_attn.v_proj.weight"), path + ("v_proj_dkh",), (d,), (k, h), stacked),
-            same(key("self_attn.q_norm.weight"), path + ("q_norm_h",), (h,), stacked),
-            same(key("self_attn.k_norm.weight"), path + ("k_norm_h",), (h,), stacked),
-            lin(key("self_attn.o_proj.weight"), path + ("o_proj_nhd",), (n, h), (d,), stacked),
-        ]
-    m, u, ch, w = c.linear_num_value_heads, c.linear_value_head_dim, c.conv_dim, c.linear_conv_kernel
-    return entries + [
-        lin(key("linear_attn.in_proj_qkv.weight"), path + ("qkv_proj_dc",), (d,), (ch,), stacked),
-        lin(key("linear_attn.in_proj_z.weight"), path + ("z_proj_dmu",), (d,), (m, u), stacked),
-        lin(key("linear_attn.in_proj_b.weight"), path + ("b_proj_dm",), (d,), (m,), stacked),
-        lin(key("linear_attn.in_proj_a.weight"), path + ("a_proj_dm",), (d,), (m,), stacked),
-        # nn.Conv1d depthwise weight [C, 1, W] -> [W, C]
-        HfTensor(key("linear_attn.conv1d.weight"), path + ("conv_wc",), (ch, 1, w), (ch, w), (1, 0), stacked),
-        same(key("linear_attn.dt_bias"), path + ("dt_bias_m",), (m,), stacked),
-        same(key("linear_attn.A_log"), path + ("a_log_m",), (m,), stacked),
-        same(key("linear_attn.norm.weight"), path + ("out_norm_u",), (u,), stacked),
-        lin(key("linear_attn.out_proj.weight"), path + ("out_proj_mud",), (m, u), (d,), stacked),
-    ]
-
-
-def hf_table(config: Config) -> list[HfTensor]:
-    """HF state-dict keys <-> params, for ``Qwen3_5ForCausalLM`` (``model.layers.*``) or
-    ``Qwen3_5ForConditionalGeneration`` (``model.language_model.layers.*``), per ``config.hf_layout``."""
-    c = config
-    prefix = _PREFIX[c.hf_layout]
-    period = len(c.pattern)
-    table = [
-        HfTensor.same(prefix + "embed_tokens.weight", ("embed_vd",), (c.vocab_size, c.hidden_size)),
-        HfTensor.same(prefix + "norm.weight", ("final_norm_d",), (c.hidden_size,)),
-    ]
-    for j, kind in enumerate(c.pattern):
-        ids = tuple(r * period + j for r in range(c.num_repeats))
-        key = lambda suffix, ids=ids: _LayerKey(prefix + "layers.{layer}." + suffix, ids)
-        table += _layer_entries(c, kind, key, ("blocks", str(j)), True)
-    for i, kind in enumerate(c.tail_types):
-        layer = c.num_repeats * period + i
-        table += _layer_entries(c, kind, lambda s, n=layer: f"{prefix}layers.{n}.{s}", ("tail", str(i)), False)
-    if not c.tie_word_embeddings:
-        table.append(HfTensor.linear("lm_head.weight", ("lm_head_dv",), (c.hidden_size,), (c.vocab_size,)))
-    return table
-
-
-def hf_ignore(config: Config) -> tuple[str, ...]:
-    """Keys skipped on load (hf_io prints a one-line notice): the vision tower, the MTP head, a tied head."""
-    ignore = (r"^model\.visual\.", r"^mtp\.")
-    return ignore + ((r"^lm_head\.weight$",) if config.tie_word_embeddings else ())
 
 
 # --------------------------------------------------------------------------- cache
@@ -696,45 +433,6 @@ def unembed(params: Params, config: Config, hidden: jax.Array) -> jax.Array:
     else:
         logits = jnp.einsum("btd,dv->btv", hidden, params["lm_head_dv"], preferred_element_type=jnp.float32)
     return constrain(logits, ("batch", "length", "vocab"))
-
-
-# --------------------------------------------------------------------------- presets
-
-
-def _released(**overrides) -> Config:
-    """Shared values of the released Qwen3.5 dense text models (config.json ``text_config``)."""
-    base = dict(
-        vocab_size=248_320,
-        num_heads=16,
-        num_kv_heads=4,
-        head_dim=256,
-        layer_types=(LINEAR, LINEAR, LINEAR, FULL) * 8,
-        linear_num_key_heads=16,
-        linear_num_value_heads=32,
-        linear_key_head_dim=128,
-        linear_value_head_dim=128,
-        linear_conv_kernel=4,
-        rope_theta=10_000_000.0,
-        partial_rotary_factor=0.25,
-        rms_norm_eps=1e-6,
-        max_position_embeddings=262_144,
-        hf_layout=CONDITIONAL_GENERATION,
-        mrope_section=(11, 11, 10),
-        mrope_interleaved=True,
-        eos_token_id=248_044,
-    )
-    return Config(**{**base, **overrides})
-
-
-# Source: huggingface.co/Qwen/Qwen3.5-4B config.json (text_config) and model card
-# ("Hidden Dimension: 2560, 32 layers, 8 × (3 × Gated DeltaNet → FFN, 1 × Gated
-# Attention → FFN), DeltaNet 32 V / 16 QK heads of 128, attention 16 Q / 4 KV
-# heads of 256, rotary dim 64, FFN 9216, vocab 248320"); tied LM head.
-QWEN35_4B = _released(hidden_size=2560, intermediate_size=9216, tie_word_embeddings=True)
-# Source: huggingface.co/Qwen/Qwen3.5-9B config.json (text_config) and model card
-# (hidden 4096, same layout and heads, FFN 12288); untied LM head.
-QWEN35_9B = _released(hidden_size=4096, intermediate_size=12288, tie_word_embeddings=False)
-PRESETS = {"qwen3.5-4b": QWEN35_4B, "qwen3.5-9b": QWEN35_9B}
 
 
 def num_params(config: Config) -> int:
