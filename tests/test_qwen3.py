@@ -48,7 +48,15 @@ def test_f32_logits_match_transformers(checkpoint):
     assert _masked_max_err(ours, hf_logits(hf, tokens, mask), mask) < 1e-4
 
 
-def test_cached_decoding_equals_full_forward(checkpoint):
+@pytest.mark.parametrize("layout", ["stacked", "per_layer", "per_layer_fused"])
+def test_cached_decoding_equals_full_forward(checkpoint, layout):
+    """Prefill into a prompt-sized cache, grow it, decode one token at a time: the sampler's path.
+
+    "per_layer*" run it in `qwen3.decode_layout` (unstacked layers, per-layer
+    KV buffers, optionally fused q|k|v and gate|up matmuls), as `sample` does.
+    """
+    from wmrl_jax.sampling import grow_cache
+
     path, _ = checkpoint
     model = models.load_hf(path)
     params, cfg = model.params, model.config
@@ -59,9 +67,13 @@ def test_cached_decoding_equals_full_forward(checkpoint):
     assert none is None
 
     forward = jax.jit(qwen3.forward, static_argnums=1)
-    cache = qwen3.init_cache(cfg, batch=3, max_len=12, dtype=jnp.float32)
-    # Prefill 5 slots, then one token at a time: the path the sampler takes.
+    cache = qwen3.init_cache(cfg, batch=3, max_len=5, dtype=jnp.float32)
+    if layout != "stacked":
+        params, cache = qwen3.decode_layout(cfg, params, cache, fuse_matmuls=layout.endswith("fused"))
+        assert isinstance(params["layers"], tuple) and len(cache["k"]) == cfg.num_layers
+        assert ("qkv_proj_dx" in params["layers"][0]) == layout.endswith("fused")
     hidden, cache = forward(params, cfg, tokens[:, :5], positions[:, :5], valid[:, :5], cache)
+    cache = grow_cache(qwen3.cache_axes(cfg), cache, 12)
     steps = [hidden]
     for t in range(5, 8):
         hidden, cache = forward(params, cfg, tokens[:, t : t + 1], positions[:, t : t + 1], valid[:, t : t + 1], cache)
@@ -71,6 +83,46 @@ def test_cached_decoding_equals_full_forward(checkpoint):
     np.testing.assert_array_equal(np.asarray(cache["valid"][:, :8]), mask.astype(bool))
     assert not np.asarray(cache["valid"][:, 8:]).any()
     assert _masked_max_err(np.asarray(cached), np.asarray(full), mask) < 1e-5
+
+
+def test_attention_cache_layouts_agree():
+    """gqa_attention on fresh [B, S, K, H] keys == the head-major and transposed-key cache layouts (by hand too)."""
+    rng = np.random.default_rng(3)
+    b, t, s, n, k, h = 2, 3, 7, 4, 2, 5
+    q = rng.standard_normal((b, t, n, h)).astype(np.float32)
+    keys = rng.standard_normal((b, s, k, h)).astype(np.float32)
+    values = rng.standard_normal((b, s, k, h)).astype(np.float32)
+    mask = rng.random((b, t, s)) < 0.7
+    mask[..., 0] = True
+    fresh = np.asarray(layers.gqa_attention(q, keys, values, mask, 0.3))
+    head_major = layers.gqa_attention(q, keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3), mask, 0.3, kv_layout="bksh")
+    transposed = layers.gqa_attention(q, keys.transpose(0, 2, 3, 1), values.transpose(0, 2, 1, 3), mask, 0.3, kv_layout="bkhs")
+    np.testing.assert_allclose(np.asarray(head_major), fresh, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(transposed), fresh, atol=1e-6)
+    # By hand: query head i reads KV head i // (n // k).
+    scores = np.einsum("btnh,bsnh->bnts", q, np.repeat(keys, n // k, axis=2)) * 0.3
+    scores = np.where(mask[:, None], scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    np.testing.assert_allclose(fresh, np.einsum("bnts,bsnh->btnh", probs, np.repeat(values, n // k, axis=2)), atol=1e-5)
+    with pytest.raises(ValueError, match="kv_layout"):
+        layers.gqa_attention(q, keys, values, mask, 0.3, kv_layout="bhsk")
+
+
+def test_grow_cache_pads_only_cache_length_axes():
+    from wmrl_jax.sampling import grow_cache
+
+    cfg = qwen3.config_from_hf(tiny_qwen3_config().to_dict())
+    cache = qwen3.init_cache(cfg, batch=2, max_len=3)
+    cache = {**cache, "valid": jnp.ones((2, 3), bool), "index": jnp.int32(3)}
+    grown = grow_cache(qwen3.cache_axes(cfg), cache, 8)
+    assert grown["k"].shape == cache["k"].shape[:-1] + (8,) and grown["v"].shape[3] == 8
+    assert int(grown["index"]) == 3 and np.asarray(grown["valid"]).sum() == 6 and grown["valid"].shape == (2, 8)
+    _, per_layer = qwen3.decode_layout(cfg, models.init(cfg, jax.random.key(0)).params, cache)
+    grown = grow_cache(qwen3.cache_axes(cfg), per_layer, 8)
+    assert all(k.shape[-1] == 8 for k in grown["k"]) and all(v.shape[2] == 8 for v in grown["v"])
+    with pytest.raises(ValueError, match="cannot grow"):
+        grow_cache(qwen3.cache_axes(cfg), cache, 2)
 
 
 def test_bf16_path_close_to_f32(checkpoint):

@@ -202,12 +202,18 @@ def sample(
         return jnp.any(ids[:, None] == eos[None, :], axis=-1) if eos.size else jnp.zeros(ids.shape, bool)
 
     dtype = _default_cache_dtype(params) if cache_dtype is None else cache_dtype
-    cache = family.init_cache(config, batch, prompt_len + max_new_tokens, dtype)
+    # Prefill into a cache of the prompt's length (its attention reads P
+    # slots, not P + N), then grow the cache for the decode loop.
+    cache = family.init_cache(config, batch, prompt_len, dtype)
     if mesh is not None:
         cache = jax.lax.with_sharding_constraint(cache, _cache_sharding(family, config, mesh, cache))
+    to_decode_layout = getattr(family, "decode_layout", None)  # optional family hook (see family.py)
+    if to_decode_layout is not None:
+        params, cache = to_decode_layout(config, params, cache, fuse_matmuls=mesh is None)
     valid = valid.astype(bool)
     positions = positions_from_valid(valid)
     hidden, cache = family.forward(params, config, tokens.astype(jnp.int32), positions, valid, cache)
+    cache = grow_cache(family.cache_axes(config), cache, prompt_len + max_new_tokens)
     logits = family.unembed(params, config, hidden[:, -1:])[:, 0]
     first, first_logp = choose(logits, jax.random.fold_in(rng, 0))
     first = jnp.where(active, first, pad_id)
@@ -261,6 +267,7 @@ _SAMPLE_STATIC = (
     "cache_dtype",
     "mesh",
 )
+
 # Compiled once per (shapes, static knobs); `generate` buckets shapes to keep that set small.
 _sample_jit = jax.jit(sample, static_argnames=_SAMPLE_STATIC)
 
@@ -371,6 +378,37 @@ def generate(
         lengths=lengths,
         finished=np.asarray(out.finished[:num], bool),
     )
+
+
+def _is_axes(x: Any) -> bool:
+    return isinstance(x, tuple) and all(isinstance(name, (str, type(None))) for name in x)
+
+
+def grow_cache(cache_axes: Any, cache: Any, max_len: int) -> Any:
+    """The cache with every "cache_length" axis zero-padded to `max_len` slots (new slots: not valid).
+
+    `cache_axes` is the family's `cache_axes(config)`; a cache leaf may also be
+    a tuple of per-layer buffers (a family's `decode_layout`), whose axes are
+    the stacked leaf's without the leading "layers".
+    """
+
+    def grow(names, x):
+        if isinstance(x, (tuple, list)):
+            if names[:1] != ("layers",):
+                raise ValueError(f"cache: a per-layer tuple of buffers needs axes starting with 'layers', got {names}")
+            return type(x)(grow(names[1:], layer) for layer in x)
+        if "cache_length" not in names:
+            return x
+        if len(names) != x.ndim:
+            raise ValueError(f"cache: a leaf of shape {x.shape} has axes {names}, expected one name per dim")
+        axis = names.index("cache_length")
+        if x.shape[axis] > max_len:
+            raise ValueError(f"cache: {x.shape[axis]} slots already, cannot grow to {max_len}")
+        pad = [(0, 0)] * x.ndim
+        pad[axis] = (0, max_len - x.shape[axis])
+        return jnp.pad(x, pad)
+
+    return jax.tree.map(grow, cache_axes, cache, is_leaf=_is_axes)
 
 
 def _cache_sharding(family: ModelFamily, config: Any, mesh: Any, cache: Any) -> Any:

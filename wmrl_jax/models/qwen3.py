@@ -212,19 +212,77 @@ def hf_ignore(config: Config) -> tuple[str, ...]:
 
 
 def init_cache(config: Config, batch: int, max_len: int, dtype: Any = jnp.float32) -> Cache:
-    # Head-major [L, B, K, S, H]: decode-step attention reads it without a transpose.
-    shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
+    # Head-major, read in place by decode attention (layers.gqa_attention's
+    # "bkhs" layout): keys transposed [L, B, K, H, S], values [L, B, K, S, H].
+    c = config
     return {
         "index": jnp.zeros((), jnp.int32),
         "valid": jnp.zeros((batch, max_len), bool),
-        "k": jnp.zeros(shape, dtype),
-        "v": jnp.zeros(shape, dtype),
+        "k": jnp.zeros((c.num_layers, batch, c.num_kv_heads, c.head_dim, max_len), dtype),
+        "v": jnp.zeros((c.num_layers, batch, c.num_kv_heads, max_len, c.head_dim), dtype),
     }
 
 
 def cache_axes(config: Config) -> dict:
-    kv = ("layers", "batch", "kv_heads", "cache_length", "head_dim")
-    return {"index": (), "valid": ("batch", "cache_length"), "k": kv, "v": kv}
+    return {
+        "index": (),
+        "valid": ("batch", "cache_length"),
+        "k": ("layers", "batch", "kv_heads", "head_dim", "cache_length"),
+        "v": ("layers", "batch", "kv_heads", "cache_length", "head_dim"),
+    }
+
+
+def decode_layout(config: Config, params: Params, cache: Cache | None, *, fuse_matmuls: bool = True):
+    """(params, cache) in the per-layer layout the sampler decodes in; `forward` takes both layouts.
+
+    A layer scan slices each layer's weights and KV cache out of the [L, ...]
+    stacks, and XLA copies those slices: per decode step that is the whole
+    model's weights plus the whole cache (measured: ~25% of a step at batch 32
+    on CPU). Here "layers" becomes a tuple of per-layer dicts and the cache's
+    "k"/"v" tuples of per-layer [B, K, S, H] buffers, so the unrolled layers
+    read their own buffers and the decode loop updates each cache in place.
+    Done once per `sample` call (one copy of the weights).
+
+    fuse_matmuls: also concatenate q|k|v into `qkv_proj_dx` [D, (N + 2K)·H]
+    and gate|up into `gate_up_proj_dx` [D, 2F] (three and two matmuls become
+    one each). Leave it off under a mesh: the fused output axis would mix
+    differently sharded heads.
+    """
+    c = config
+    d = c.hidden_size
+    layers = []
+    for i in range(c.num_layers):
+        lp = {name: value[i] for name, value in params["layers"].items()}
+        if fuse_matmuls:
+            q, k, v = (lp.pop(name).reshape(d, -1) for name in ("q_proj_dnh", "k_proj_dkh", "v_proj_dkh"))
+            lp["qkv_proj_dx"] = jnp.concatenate([q, k, v], axis=-1)
+            lp["gate_up_proj_dx"] = jnp.concatenate([lp.pop("gate_proj_df"), lp.pop("up_proj_df")], axis=-1)
+        layers.append(lp)
+    params = {**params, "layers": tuple(layers)}
+    if cache is not None:
+        cache = {**cache, **{kv: tuple(cache[kv][i] for i in range(c.num_layers)) for kv in ("k", "v")}}
+    return params, cache
+
+
+def _project_qkv(h_btd: jax.Array, lp: Params, c: Config) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """q [B, T, N, H], k and v [B, T, K, H] from separate or fused (`decode_layout`) projections."""
+    if "qkv_proj_dx" not in lp:
+        return (
+            jnp.einsum("btd,dnh->btnh", h_btd, lp["q_proj_dnh"]),
+            jnp.einsum("btd,dkh->btkh", h_btd, lp["k_proj_dkh"]),
+            jnp.einsum("btd,dkh->btkh", h_btd, lp["v_proj_dkh"]),
+        )
+    n, k, h = c.num_heads, c.num_kv_heads, c.head_dim
+    qkv_btx = jnp.einsum("btd,dx->btx", h_btd, lp["qkv_proj_dx"])
+    q, k_, v = jnp.split(qkv_btx, [n * h, (n + k) * h], axis=-1)
+    batch, length = h_btd.shape[:2]
+    return q.reshape(batch, length, n, h), k_.reshape(batch, length, k, h), v.reshape(batch, length, k, h)
+
+
+def _mlp(h_btd: jax.Array, lp: Params) -> jax.Array:
+    if "gate_up_proj_dx" in lp:
+        return L.swiglu_fused(h_btd, lp["gate_up_proj_dx"], lp["down_proj_fd"])
+    return L.swiglu(h_btd, lp["gate_proj_df"], lp["up_proj_df"], lp["down_proj_fd"])
 
 
 def forward(
@@ -235,7 +293,11 @@ def forward(
     valid: jax.Array,
     cache: Cache | None = None,
 ) -> tuple[jax.Array, Cache | None]:
-    """Final-normed hidden states [B, T, D] (param dtype) and the updated cache (see family.py)."""
+    """Final-normed hidden states [B, T, D] (param dtype) and the updated cache (see family.py).
+
+    Params and cache are either stacked (the stored layout; layers run under
+    `lax.scan`) or per-layer (`decode_layout`; layers unrolled).
+    """
     c = config
     ctx = L.attention_context(tokens, positions, valid, cache)
     x_btd = constrain(jnp.take(params["embed_vd"], tokens, axis=0), ("batch", "length", "embed"))
@@ -244,49 +306,72 @@ def forward(
     def block(x_btd, lp, attend):
         """One decoder layer; attend(q, k, v) -> (out [B, T, N, H], kv state) owns the KV handling."""
         h_btd = L.rms_norm(x_btd, lp["attn_norm_d"], c.rms_norm_eps)
-        q_btnh = jnp.einsum("btd,dnh->btnh", h_btd, lp["q_proj_dnh"])
-        k_btkh = jnp.einsum("btd,dkh->btkh", h_btd, lp["k_proj_dkh"])
-        v_btkh = jnp.einsum("btd,dkh->btkh", h_btd, lp["v_proj_dkh"])
+        q_btnh, k_btkh, v_btkh = _project_qkv(h_btd, lp, c)
         q_btnh = L.apply_rope(L.rms_norm(q_btnh, lp["q_norm_h"], c.rms_norm_eps), positions, c.rope_theta, c.head_dim)
         k_btkh = L.apply_rope(L.rms_norm(k_btkh, lp["k_norm_h"], c.rms_norm_eps), positions, c.rope_theta, c.head_dim)
         q_btnh = constrain(q_btnh, ("batch", "length", "heads", "head_dim"))
         attn_btnh, kv_state = attend(q_btnh, k_btkh, v_btkh)
-        x_btd = x_btd + jnp.einsum("btnh,nhd->btd", attn_btnh, lp["o_proj_nhd"])
+        # As one [B·T, N·H] x [N·H, D] matmul: contracting (n, h) as two dims
+        # made XLA:CPU transpose the weight at every step.
+        o_xd = lp["o_proj_nhd"].reshape(-1, c.hidden_size)
+        x_btd = x_btd + jnp.einsum("btx,xd->btd", attn_btnh.reshape(*attn_btnh.shape[:2], -1), o_xd)
         x_btd = constrain(x_btd, ("batch", "length", "embed"))
         h_btd = L.rms_norm(x_btd, lp["mlp_norm_d"], c.rms_norm_eps)
-        x_btd = x_btd + L.swiglu(h_btd, lp["gate_proj_df"], lp["up_proj_df"], lp["down_proj_fd"])
+        x_btd = x_btd + _mlp(h_btd, lp)
         return constrain(x_btd, ("batch", "length", "embed")), kv_state
 
+    def fresh_attend(q, k, v):
+        return L.gqa_attention(q, k, v, ctx["mask"], scale), None
+
+    def cached_attend(k_cache_bkhs, v_cache_bksh):
+        def attend(q, k, v):
+            k_bkhs = L.write_kv(k_cache_bkhs, k, ctx["index"], layout="bkhs")
+            v_bksh = L.write_kv(v_cache_bksh, v, ctx["index"], layout="bksh")
+            out = L.gqa_attention(q, k_bkhs, v_bksh, ctx["mask"], scale, kv_layout="bkhs")
+            return out, (k_bkhs, v_bksh)
+
+        return attend
+
+    def finish(x_btd, k, v):
+        hidden_btd = L.rms_norm(x_btd, params["final_norm_d"], c.rms_norm_eps)
+        if cache is None:
+            return hidden_btd, None
+        return hidden_btd, {"index": ctx["index"] + tokens.shape[1], "valid": ctx["cache_valid"], "k": k, "v": v}
+
+    if isinstance(params["layers"], (tuple, list)):  # per-layer layout: unrolled
+        keys, values = [], []
+        for i, lp in enumerate(params["layers"]):
+            attend = fresh_attend if cache is None else cached_attend(cache["k"][i], cache["v"][i])
+            x_btd, kv = block(x_btd, lp, attend)
+            if cache is not None:
+                keys.append(kv[0])
+                values.append(kv[1])
+        return finish(x_btd, tuple(keys), tuple(values))
+
     if cache is None:
-
-        def layer(x_btd, lp):
-            return block(x_btd, lp, lambda q, k, v: (L.gqa_attention(q, k, v, ctx["mask"], scale), None))
-
-        x_btd, _ = jax.lax.scan(layer, x_btd, params["layers"])
-        return L.rms_norm(x_btd, params["final_norm_d"], c.rms_norm_eps), None
+        x_btd, _ = jax.lax.scan(lambda x, lp: block(x, lp, fresh_attend), x_btd, params["layers"])
+        return finish(x_btd, None, None)
 
     def cached_layer(carry, inputs):
         # The stacked cache is carried (updated in place), not scanned over.
-        x_btd, k_lbksh, v_lbksh = carry
+        x_btd, k_lbkhs, v_lbksh = carry
         lp, index_l = inputs
 
         def attend(q, k, v):
-            k_stack = L.write_layer_kv(k_lbksh, k, index_l, ctx["index"])
-            v_stack = L.write_layer_kv(v_lbksh, v, index_l, ctx["index"])
+            k_stack = L.write_layer_kv(k_lbkhs, k, index_l, ctx["index"], layout="bkhs")
+            v_stack = L.write_layer_kv(v_lbksh, v, index_l, ctx["index"], layout="bksh")
             keys = jax.lax.dynamic_index_in_dim(k_stack, index_l, 0, keepdims=False)
             values = jax.lax.dynamic_index_in_dim(v_stack, index_l, 0, keepdims=False)
-            return L.gqa_attention(q, keys, values, ctx["mask"], scale, kv_layout="bksh"), (k_stack, v_stack)
+            return L.gqa_attention(q, keys, values, ctx["mask"], scale, kv_layout="bkhs"), (k_stack, v_stack)
 
-        x_btd, (k_lbksh, v_lbksh) = block(x_btd, lp, attend)
-        return (x_btd, k_lbksh, v_lbksh), None
+        x_btd, (k_lbkhs, v_lbksh) = block(x_btd, lp, attend)
+        return (x_btd, k_lbkhs, v_lbksh), None
 
     layer_ids = jnp.arange(c.num_layers, dtype=jnp.int32)
-    (x_btd, k_lbksh, v_lbksh), _ = jax.lax.scan(
+    (x_btd, k_lbkhs, v_lbksh), _ = jax.lax.scan(
         cached_layer, (x_btd, cache["k"], cache["v"]), (params["layers"], layer_ids)
     )
-    hidden_btd = L.rms_norm(x_btd, params["final_norm_d"], c.rms_norm_eps)
-    new_cache = {"index": ctx["index"] + tokens.shape[1], "valid": ctx["cache_valid"], "k": k_lbksh, "v": v_lbksh}
-    return hidden_btd, new_cache
+    return finish(x_btd, k_lbkhs, v_lbksh)
 
 
 def unembed(params: Params, config: Config, hidden: jax.Array) -> jax.Array:
