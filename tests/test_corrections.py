@@ -48,12 +48,12 @@ def _stream(seed, steps, n=4, g=6):
 STEP = jax.jit(C.correct_step)
 
 
-def _run(mode, steps, seed, dtype_tol, cast=np.float32):
+def _run(mode, steps, seed, dtype_tol, cast=np.float32, settings=SMALL, stream=None):
     standardize = mode.pop("standardize", True)
-    state = C.init_correction_state(**SMALL, **mode)
-    loop = ref.CorrectionLoop(**SMALL, **mode)
+    state = C.init_correction_state(**settings, **mode)
+    loop = ref.CorrectionLoop(**settings, **mode)
     seen = dict(fits=0, c=False, evicted=False)
-    for wm, wmg, real, realg, anchor in _stream(seed, steps):
+    for wm, wmg, real, realg, anchor in stream or _stream(seed, steps):
         wm, real = wm.astype(cast), real.astype(cast)
         state, out = STEP(state, wm, wmg, real, realg, anchor, standardize=standardize)
         want = loop.step(ref.to_lists(wm, wmg), ref.to_lists(real, realg), list(anchor),
@@ -75,7 +75,7 @@ def _run(mode, steps, seed, dtype_tol, cast=np.float32):
             np.testing.assert_allclose(float(out["bias_reduction"]), want["bias"][2], atol=10 * dtype_tol)
         seen["fits"] = want["n_fits"]
         seen["c"] |= loop.weighter.c is not None
-        seen["evicted"] |= len(loop.debiaser.pairs) == SMALL["cap"]
+        seen["evicted"] |= len(loop.debiaser.pairs) == settings["cap"]
     return seen
 
 
@@ -96,6 +96,20 @@ def test_correct_step_matches_reference_stream(mode):
         assert seen["fits"] >= 5, "the stream must exercise refits"
     assert seen["evicted"], "the stream must overflow the FIFO"
     assert seen["c"], "the stream must fix the constant c"
+
+
+def test_several_refits_per_step_failed_fits_and_more_pairs_than_slots():
+    """A step pushing more pairs than the FIFO holds, with a refit due every
+    3rd pair: several refits inside one step, each on the buffer as of its
+    push; early steps with all WM scores in one bin make fits fail (< 2
+    populated bins), so the next pair retries."""
+    tiny = dict(SMALL, cap=10, min_pairs=4, refit_every=3)
+    steps = list(_stream(11, 40))
+    for k in range(4):
+        wm, wmg, real, realg, anchor = steps[k]
+        steps[k] = (np.full_like(wm, 0.55), wmg, real, realg, np.ones_like(anchor))
+    seen = _run(dict(), steps=40, seed=11, dtype_tol=2e-5, settings=tiny, stream=steps)
+    assert seen["fits"] >= 40 and seen["evicted"]
 
 
 # ------------------------------------------------------------- hand-worked
