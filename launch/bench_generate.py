@@ -10,7 +10,8 @@ measured in this run: compile time of our sampler (first call minus a compiled
 call: one program holds prefill and the while-loop decode), wall time of a compiled call, transformers'
 wall time (after a short warm-up call), new tokens/s of each, the ratio, and
 how many greedy tokens agree (f32 on both sides; long greedy runs on random
-weights can diverge after a near-tie, so this is reported, not asserted).
+weights can diverge after a near-tie, so this is reported, not asserted), and
+the floor of a decode step: its weight matmuls alone, in XLA and in torch.
 Each side is timed `--repeats` times and the best time is kept (the machine
 may be shared).
 """
@@ -116,6 +117,56 @@ def time_transformers(hf_model, prompts, args) -> tuple[float, list[list[int]]]:
     return _best(lambda: run(args.new_tokens), args.repeats)
 
 
+def matmul_floor(model, args) -> tuple[float, float]:
+    """(ours, torch) best seconds of a decode step's weight matmuls alone: its floor on this machine.
+
+    One [batch, D] activation through every layer's q|k|v, o, gate|up and
+    down weights and the unembedding (the same arrays the sampler reads),
+    nothing else: no norms, attention, cache or sampling. A sampler step
+    cannot beat this without changing the arithmetic (precision, batch).
+    """
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    c, lay = model.config, model.params["layers"]
+    d = c.hidden_size
+    weights = []
+    for i in range(c.num_layers):
+        qkv = [lay[name][i].reshape(d, -1) for name in ("q_proj_dnh", "k_proj_dkh", "v_proj_dkh")]
+        weights += [jnp.concatenate(qkv, -1), lay["o_proj_nhd"][i].reshape(-1, d)]
+        weights += [jnp.concatenate([lay["gate_proj_df"][i], lay["up_proj_df"][i]], -1), lay["down_proj_fd"][i]]
+    weights.append(model.params["lm_head_dv"] if "lm_head_dv" in model.params else model.params["embed_vd"].T)
+    weights = [jnp.asarray(w) + 0 for w in weights]  # own buffers, as the sampler's decode layout has
+    x = jnp.ones((args.batch, max(w.shape[0] for w in weights)), jnp.float32) * 0.01
+
+    @jax.jit
+    def chain(x, weights):
+        outs = []
+        for w in weights:  # each product reads the previous one: a dependent chain, as in a step
+            y = jnp.dot(x[:, : w.shape[0]], w)
+            outs.append(y[:, :1])
+            x = jnp.concatenate([y, x], -1)[:, : x.shape[1]]
+        return outs
+
+    jax.block_until_ready(chain(x, weights))
+    ours, _ = _best(lambda: jax.block_until_ready(chain(x, weights)), 20)
+    tw = [torch.from_numpy(np.array(w)) for w in weights]
+    tx = torch.from_numpy(np.array(x))
+
+    def torch_chain():
+        with torch.inference_mode():
+            h = tx
+            for w in tw:
+                y = h[:, : w.shape[0]] @ w
+                h = torch.cat([y, h], -1)[:, : h.shape[1]]
+        return h
+
+    torch_chain()
+    theirs, _ = _best(torch_chain, 20)
+    return ours, theirs
+
+
 def _best(fn, repeats):
     best, out = float("inf"), None
     for _ in range(max(1, repeats)):
@@ -151,7 +202,22 @@ def main(argv=None) -> dict:
     agree = np.mean(np.asarray(ours_tokens) == np.asarray(hf_tokens))
     ratio = hf_s / ours_s
     print(f"ratio (ours / transformers tokens/s): {ratio:.2f}x; greedy tokens equal: {agree:.1%}")
-    return {"compile_s": compile_s, "ours_s": ours_s, "hf_s": hf_s, "ratio": ratio, "agree": agree}
+    floor_s, torch_floor_s = matmul_floor(model, args)
+    steps = args.new_tokens - 1
+    print(
+        f"floor: a decode step's weight matmuls alone take {floor_s * 1e3:.1f} ms in XLA, "
+        f"{torch_floor_s * 1e3:.1f} ms in torch; ours spends {(ours_s / max(steps, 1)) * 1e3:.1f} ms a token "
+        f"(prefill included), transformers {(hf_s / max(steps, 1)) * 1e3:.1f} ms"
+    )
+    return {
+        "compile_s": compile_s,
+        "ours_s": ours_s,
+        "hf_s": hf_s,
+        "ratio": ratio,
+        "agree": agree,
+        "floor_step_s": floor_s,
+        "torch_floor_step_s": torch_floor_s,
+    }
 
 
 if __name__ == "__main__":

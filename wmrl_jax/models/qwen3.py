@@ -236,12 +236,14 @@ def decode_layout(config: Config, params: Params, cache: Cache | None, *, fuse_m
     """(params, cache) in the per-layer layout the sampler decodes in; `forward` takes both layouts.
 
     A layer scan slices each layer's weights and KV cache out of the [L, ...]
-    stacks, and XLA copies those slices: per decode step that is the whole
-    model's weights plus the whole cache (measured: ~25% of a step at batch 32
-    on CPU). Here "layers" becomes a tuple of per-layer dicts and the cache's
-    "k"/"v" tuples of per-layer [B, K, S, H] buffers, so the unrolled layers
-    read their own buffers and the decode loop updates each cache in place.
-    Done once per `sample` call (one copy of the weights).
+    stacks, and XLA:CPU copies those slices: per decode step, the whole
+    model's weights plus the whole cache. Here "layers" becomes a tuple of
+    per-layer dicts and the cache's "k"/"v" tuples of per-layer buffers
+    (keys [B, K, H, S], values [B, K, S, H]), so the unrolled layers read
+    their own buffers and the decode loop updates each cache in place. Done
+    once per `sample` call (one copy of the weights). With the transposed-key
+    attention and the fused matmuls below, a batch-32 decode step of the
+    bench_generate model went from 96 to ~70 ms on 2 CPU cores.
 
     fuse_matmuls: also concatenate q|k|v into `qkv_proj_dx` [D, (N + 2K)·H]
     and gate|up into `gate_up_proj_dx` [D, 2F] (three and two matmuls become
@@ -258,7 +260,9 @@ def decode_layout(config: Config, params: Params, cache: Cache | None, *, fuse_m
             lp["qkv_proj_dx"] = jnp.concatenate([q, k, v], axis=-1)
             lp["gate_up_proj_dx"] = jnp.concatenate([lp.pop("gate_proj_df"), lp.pop("up_proj_df")], axis=-1)
         layers.append(lp)
-    params = {**params, "layers": tuple(layers)}
+    # The barrier keeps XLA from sinking the slices and concatenations into
+    # the decode loop (it does: they are cheap to recompute, but per token).
+    params = jax.lax.optimization_barrier({**params, "layers": tuple(layers)})
     if cache is not None:
         cache = {**cache, **{kv: tuple(cache[kv][i] for i in range(c.num_layers)) for kv in ("k", "v")}}
     return params, cache
