@@ -38,7 +38,7 @@ def _torch(fn, q, k, v, g, beta, s0, **kw):
     return out.numpy(), state.numpy()
 
 
-@pytest.mark.parametrize("t,chunk,h_k,h_v", [(37, 16, 2, 4), (64, 16, 3, 3), (5, 16, 1, 2)])
+@pytest.mark.parametrize("t,chunk,h_k,h_v", [(37, 16, 2, 4), (64, 16, 3, 3), (5, 16, 1, 2), (37, 12, 2, 4), (9, 1, 1, 2)])
 def test_chunked_equals_recurrent_f32(t, chunk, h_k, h_v):
     q, k, v, g, beta, s0 = _inputs(t, t=t, h_k=h_k, h_v=h_v)
     o_c, s_c = gdn.chunk_gated_delta_rule(q, k, v, g, beta, s0, chunk_size=chunk)
@@ -140,7 +140,7 @@ def test_bad_shapes_name_the_tensor():
         gdn.causal_conv1d(np.zeros((1, 3, 5), np.float32), np.zeros((4, 6), np.float32))
 
 
-@pytest.mark.parametrize("size", [6])  # padded to 8 inside
+@pytest.mark.parametrize("size", [1, 6, 16, 17])  # the Neumann product needs 2^m >= size factors
 def test_unit_lower_triangular_inverse_matches_numpy(size):
     a = np.random.default_rng(size).normal(size=(3, size, size)).astype(np.float32) * 0.4
     unit = np.tril(a.astype(np.float64), -1) + np.eye(size)
