@@ -282,3 +282,17 @@ def test_greedy_equals_transformers_qwen35(tmp_path):
     ours = sampling.generate(model, prompts, max_new_tokens=NEW, temperature=0.0, eos_ids=(eos,))
     assert ours.tokens == ref
     assert len({t for row in ref for t in row}) > 3, "degenerate reference: every row repeats one token"
+
+
+def test_bench_generate_quick_runs_and_matches_transformers():
+    """launch/bench_generate.py --quick end to end (not timed: figures come from the script itself)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "launch" / "bench_generate.py"
+    spec = importlib.util.spec_from_file_location("bench_generate", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = bench.main(["--quick"])
+    assert out["agree"] == 1.0  # greedy, f32 on both sides, hidden 256: every token equal
+    assert out["ours_s"] > 0 and out["hf_s"] > 0 and out["floor_step_s"] > 0 and out["torch_floor_step_s"] > 0
