@@ -20,26 +20,19 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 
 import numpy as np
+
+from bench_common import add_model_arguments, best_of, hf_greedy, save_random_hf
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=32_000)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--kv_heads", type=int, default=4)
+    add_model_arguments(parser, kv_heads=4)
     parser.add_argument("--head_dim", type=int, default=64)
-    parser.add_argument("--intermediate", type=int, default=1536, help="MLP width (3x hidden, as Qwen3-0.6B)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--prompt_len", type=int, default=128)
     parser.add_argument("--new_tokens", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=2, help="timed runs per side; the best is kept")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="hidden 256, 4 layers, vocab 8k, batch 8, 32 + 32 tokens")
     args = parser.parse_args(argv)
     if args.quick:
@@ -51,7 +44,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def build_checkpoint(args, path: str):
     """A random f32 Qwen3ForCausalLM (weights ~ N(0, 0.02), as HF inits) saved to `path`; returns the torch model."""
-    import torch
     import transformers
 
     config = transformers.Qwen3Config(
@@ -68,10 +60,7 @@ def build_checkpoint(args, path: str):
         eos_token_id=None,
         pad_token_id=0,
     )
-    torch.manual_seed(args.seed)
-    model = transformers.Qwen3ForCausalLM(config).to(torch.float32).eval()
-    model.save_pretrained(path)
-    return model
+    return save_random_hf(transformers.Qwen3ForCausalLM, config, path, args.seed)
 
 
 def make_prompts(args) -> list[list[int]]:
@@ -89,32 +78,16 @@ def time_ours(model, prompts, args) -> tuple[float, float, list[list[int]]]:
     def run():
         return sampling.generate(model, prompts, max_new_tokens=args.new_tokens, temperature=0.0).tokens
 
-    first, _ = _best(run, 1)
-    best, tokens = _best(run, args.repeats)
+    first, _ = best_of(run, 1)
+    best, tokens = best_of(run, args.repeats)
     return first - best, best, tokens
 
 
 def time_transformers(hf_model, prompts, args) -> tuple[float, list[list[int]]]:
     """(best wall seconds, tokens) of greedy `generate` with a KV cache, after a 2-token warm-up."""
-    import torch
-
-    input_ids = torch.as_tensor(np.asarray(prompts, np.int64))
-    mask = torch.ones_like(input_ids)
-
-    def run(new_tokens):
-        with torch.inference_mode():
-            out = hf_model.generate(
-                input_ids=input_ids,
-                attention_mask=mask,
-                do_sample=False,
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                pad_token_id=0,
-            )
-        return out[:, input_ids.shape[1] :].tolist()
-
+    run = hf_greedy(hf_model, prompts)
     run(2)
-    return _best(lambda: run(args.new_tokens), args.repeats)
+    return best_of(lambda: run(args.new_tokens), args.repeats)
 
 
 def matmul_floor(model, args) -> tuple[float, float]:
@@ -150,7 +123,7 @@ def matmul_floor(model, args) -> tuple[float, float]:
         return outs
 
     jax.block_until_ready(chain(x, weights))
-    ours, _ = _best(lambda: jax.block_until_ready(chain(x, weights)), 20)
+    ours, _ = best_of(lambda: jax.block_until_ready(chain(x, weights)), 20)
     tw = [torch.from_numpy(np.array(w)) for w in weights]
     tx = torch.from_numpy(np.array(x))
 
@@ -163,17 +136,8 @@ def matmul_floor(model, args) -> tuple[float, float]:
         return h
 
     torch_chain()
-    theirs, _ = _best(torch_chain, 20)
+    theirs, _ = best_of(torch_chain, 20)
     return ours, theirs
-
-
-def _best(fn, repeats):
-    best, out = float("inf"), None
-    for _ in range(max(1, repeats)):
-        start = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, out
 
 
 def main(argv=None) -> dict:

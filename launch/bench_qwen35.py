@@ -31,25 +31,19 @@ import time
 
 import numpy as np
 
+from bench_common import add_model_arguments, best_of, hf_greedy, save_random_hf
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=32_000)
-    parser.add_argument("--heads", type=int, default=8, help="full-attention query heads (head_dim 64)")
-    parser.add_argument("--kv_heads", type=int, default=2)
+    add_model_arguments(parser, kv_heads=2, heads_help="full-attention query heads (head_dim 64)")
     parser.add_argument("--linear_key_heads", type=int, default=4, help="Gated DeltaNet q/k heads (dim 64)")
     parser.add_argument("--linear_value_heads", type=int, default=8, help="Gated DeltaNet value heads (dim 64)")
-    parser.add_argument("--intermediate", type=int, default=1536)
     parser.add_argument("--prefill_batch", type=int, default=8)
     parser.add_argument("--prefill_len", type=int, default=2048)
     parser.add_argument("--decode_batch", type=int, default=8)
     parser.add_argument("--prompt_len", type=int, default=128)
     parser.add_argument("--new_tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=2, help="timed runs per side; the best is kept")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip_prefill", action="store_true")
     parser.add_argument("--skip_decode", action="store_true")
     parser.add_argument(
@@ -66,7 +60,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def build_checkpoint(args, path: str):
     """A random f32 `Qwen3_5ForCausalLM` (HF's init) saved to `path`; returns the torch model."""
-    import torch
     import transformers
 
     config = transformers.Qwen3_5TextConfig(
@@ -86,19 +79,7 @@ def build_checkpoint(args, path: str):
         eos_token_id=None,
         pad_token_id=0,
     )
-    torch.manual_seed(args.seed)
-    model = transformers.Qwen3_5ForCausalLM(config).to(torch.float32).eval()
-    model.save_pretrained(path)
-    return model
-
-
-def _best(fn, repeats):
-    best, out = float("inf"), None
-    for _ in range(max(1, repeats)):
-        start = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, out
+    return save_random_hf(transformers.Qwen3_5ForCausalLM, config, path, args.seed)
 
 
 def prefill_ours(model, tokens: np.ndarray, repeats: int) -> tuple[float, float, np.ndarray]:
@@ -122,7 +103,7 @@ def prefill_ours(model, tokens: np.ndarray, repeats: int) -> tuple[float, float,
     compile_s = time.perf_counter() - start
     run = lambda: np.asarray(jax.block_until_ready(compiled(model.params, tokens))[0])
     run()
-    best, logits = _best(run, repeats)
+    best, logits = best_of(run, repeats)
     return compile_s, best, logits
 
 
@@ -136,7 +117,7 @@ def prefill_transformers(hf_model, tokens: np.ndarray, repeats: int) -> tuple[fl
             return hf_model(input_ids=input_ids, use_cache=True, logits_to_keep=1).logits[:, -1].numpy()
 
     run()
-    return _best(run, repeats)
+    return best_of(run, repeats)
 
 
 def decode_ours(model, prompts, new_tokens: int, repeats: int) -> tuple[float, float, float, list]:
@@ -149,28 +130,16 @@ def decode_ours(model, prompts, new_tokens: int, repeats: int) -> tuple[float, f
         start = time.perf_counter()
         sampling.generate(model, prompts, max_new_tokens=n, temperature=0.0)  # compiles this shape
         compile_s += time.perf_counter() - start
-        times[n], result = _best(lambda n=n: sampling.generate(model, prompts, max_new_tokens=n, temperature=0.0), repeats)
+        times[n], result = best_of(lambda n=n: sampling.generate(model, prompts, max_new_tokens=n, temperature=0.0), repeats)
         out = result.tokens
     return compile_s - times[1] - times[new_tokens], times[new_tokens], times[1], out
 
 
 def decode_transformers(hf_model, prompts, new_tokens: int, repeats: int) -> tuple[float, float, list]:
-    import torch
-
-    input_ids = torch.as_tensor(np.asarray(prompts, np.int64))
-    mask = torch.ones_like(input_ids)
-
-    def run(n):
-        with torch.inference_mode():
-            out = hf_model.generate(
-                input_ids=input_ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                pad_token_id=0,
-            )
-        return out[:, input_ids.shape[1] :].tolist()
-
+    run = hf_greedy(hf_model, prompts)
     run(2)
-    t1, _ = _best(lambda: run(1), repeats)
-    tn, tokens = _best(lambda: run(new_tokens), repeats)
+    t1, _ = best_of(lambda: run(1), repeats)
+    tn, tokens = best_of(lambda: run(new_tokens), repeats)
     return tn, t1, tokens
 
 

@@ -284,13 +284,14 @@ def test_greedy_equals_transformers_qwen35(tmp_path):
     assert len({t for row in ref for t in row}) > 3, "degenerate reference: every row repeats one token"
 
 
-def test_bench_generate_quick_runs_and_matches_transformers():
+def test_bench_generate_quick_runs_and_matches_transformers(monkeypatch):
     """launch/bench_generate.py --quick end to end (not timed: figures come from the script itself)."""
     import importlib.util
     import pathlib
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "launch" / "bench_generate.py"
-    spec = importlib.util.spec_from_file_location("bench_generate", path)
+    launch = pathlib.Path(__file__).resolve().parents[1] / "launch"
+    monkeypatch.syspath_prepend(str(launch))  # as `python launch/bench_generate.py` has it (bench_common)
+    spec = importlib.util.spec_from_file_location("bench_generate", launch / "bench_generate.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = bench.main(["--quick"])
