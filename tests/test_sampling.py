@@ -204,6 +204,22 @@ def test_sample_inside_a_jitted_step_logprobs_equal_teacher_forced(qwen3):
     assert np.asarray(out.logprobs).std() > 0.1  # a real distribution, not all-greedy
 
 
+def test_stacked_and_per_layer_decode_sample_the_same(qwen3):
+    """per_layer_decode=False (the GPU/TPU default: stacked layers under scan) == the CPU default layout."""
+    _, model, _ = qwen3
+    prompt_bp, mask_bp = left_pad(PROMPTS, pad_id=0)
+    run = {
+        flag: sampling._sample_jit(
+            model.params, model.config, model.family, jnp.asarray(prompt_bp, jnp.int32), jnp.asarray(mask_bp, bool),
+            jax.random.key(1), max_new_tokens=NEW, temperature=0.7, top_k=20, per_layer_decode=flag,
+        )
+        for flag in (True, False)
+    }
+    np.testing.assert_array_equal(np.asarray(run[True].tokens), np.asarray(run[False].tokens))
+    np.testing.assert_allclose(np.asarray(run[True].logprobs), np.asarray(run[False].logprobs), atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(run[True].lengths), np.asarray(run[False].lengths))
+
+
 def _logprobs_fn(params, config, family, tokens, valid):
     return token_logprobs(params, config, family, tokens, valid, chunk=16)
 
