@@ -33,6 +33,11 @@ Conventions shared by all families
   reading, writing, checking and placement. A family may also define
   ``hf_ignore(config) -> tuple[str, ...]`` (regexes of HF keys skipped on load
   with a one-line notice, e.g. a vision tower) — optional.
+* A family may also define ``decode_layout(config, params, cache, *,
+  fuse_matmuls) -> (params, cache)`` — optional: a layout that ``forward``
+  also accepts and that decodes faster (Qwen3: unstacked layers, fused
+  matmuls, per-layer KV buffers whose axes are the stacked leaf's without
+  "layers"). ``sampling.sample`` applies it once per call on CPU backends.
 * ``param_axes`` leaves are tuples of logical names (see ``sharding.RULES``);
   ``cache_axes`` likewise, with ``()`` for the scalar ``index``.
 * Writing past ``max_len`` in a cache is not detected inside jit
