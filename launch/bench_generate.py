@@ -102,15 +102,13 @@ def matmul_floor(model, args) -> tuple[float, float]:
     import jax.numpy as jnp
     import torch
 
-    c, lay = model.config, model.params["layers"]
-    d = c.hidden_size
+    # The per-layer weights exactly as the sampler decodes with them (fused q|k|v and gate|up).
+    params, _ = jax.jit(lambda p: model.family.decode_layout(model.config, p, None))(model.params)
     weights = []
-    for i in range(c.num_layers):
-        qkv = [lay[name][i].reshape(d, -1) for name in ("q_proj_dnh", "k_proj_dkh", "v_proj_dkh")]
-        weights += [jnp.concatenate(qkv, -1), lay["o_proj_nhd"][i].reshape(-1, d)]
-        weights += [jnp.concatenate([lay["gate_proj_df"][i], lay["up_proj_df"][i]], -1), lay["down_proj_fd"][i]]
-    weights.append(model.params["lm_head_dv"] if "lm_head_dv" in model.params else model.params["embed_vd"].T)
-    weights = [jnp.asarray(w) + 0 for w in weights]  # own buffers, as the sampler's decode layout has
+    for lp in params["layers"]:
+        o_xd = lp["o_proj_nhd"].reshape(-1, model.config.hidden_size)
+        weights += [lp["qkv_proj_dx"], o_xd, lp["gate_up_proj_dx"], lp["down_proj_fd"]]
+    weights.append(params["lm_head_dv"] if "lm_head_dv" in params else params["embed_vd"].T)
     x = jnp.ones((args.batch, max(w.shape[0] for w in weights)), jnp.float32) * 0.01
 
     @jax.jit

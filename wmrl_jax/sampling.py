@@ -39,6 +39,7 @@ import numpy as np
 
 from wmrl_jax.models.family import ModelFamily, Params
 from wmrl_jax.models.layers import positions_from_valid
+from wmrl_jax.models import sharding
 
 
 class SampleOutput(NamedTuple):
@@ -390,10 +391,6 @@ def generate(
     )
 
 
-def _is_axes(x: Any) -> bool:
-    return isinstance(x, tuple) and all(isinstance(name, (str, type(None))) for name in x)
-
-
 def grow_cache(cache_axes: Any, cache: Any, max_len: int) -> Any:
     """The cache with every "cache_length" axis zero-padded to `max_len` slots (new slots: not valid).
 
@@ -418,11 +415,9 @@ def grow_cache(cache_axes: Any, cache: Any, max_len: int) -> Any:
         pad[axis] = (0, max_len - x.shape[axis])
         return jnp.pad(x, pad)
 
-    return jax.tree.map(grow, cache_axes, cache, is_leaf=_is_axes)
+    return jax.tree.map(grow, cache_axes, cache, is_leaf=sharding.is_axes)
 
 
 def _cache_sharding(family: ModelFamily, config: Any, mesh: Any, cache: Any) -> Any:
     """NamedShardings of the family's cache under `mesh` (its logical axes through the rules table)."""
-    from wmrl_jax.models import sharding
-
     return sharding.logical_to_sharding(family.cache_axes(config), mesh, shapes_tree=cache)

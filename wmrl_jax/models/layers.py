@@ -215,14 +215,18 @@ def _to_cache_layout(new_btkh: jax.Array, layout: str) -> jax.Array:
     raise ValueError(f"cache layout must be 'bksh' or 'bkhs', got {layout!r}")
 
 
+def _slot_start(layout: str, index: jax.Array) -> tuple:
+    """Start of slot `index` in one layer's cache: the S axis is third in "bksh", last in "bkhs"."""
+    return (0, 0, index, 0) if layout == "bksh" else (0, 0, 0, index)
+
+
 def write_kv(cache: jax.Array, new_btkh: jax.Array, index: jax.Array, *, layout: str = "bksh") -> jax.Array:
     """Writes this step's keys (or values) [B, T, K, H] into one layer's cache at slots [index, index + T).
 
     layout "bksh": cache [B, K, S, H]; "bkhs": cache [B, K, H, S] (transposed keys).
     """
     new = _to_cache_layout(new_btkh, layout).astype(cache.dtype)
-    start = (0, 0, index, 0) if layout == "bksh" else (0, 0, 0, index)
-    return jax.lax.dynamic_update_slice(cache, new, start)
+    return jax.lax.dynamic_update_slice(cache, new, _slot_start(layout, index))
 
 
 def write_layer_kv(
@@ -235,5 +239,4 @@ def write_layer_kv(
     would be sliced out and stacked back, a full copy per layer per token).
     """
     new = _to_cache_layout(new_btkh, layout)[None].astype(stack.dtype)
-    start = (layer, 0, 0, index, 0) if layout == "bksh" else (layer, 0, 0, 0, index)
-    return jax.lax.dynamic_update_slice(stack, new, start)
+    return jax.lax.dynamic_update_slice(stack, new, (layer,) + _slot_start(layout, index))

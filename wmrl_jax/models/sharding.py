@@ -105,13 +105,18 @@ def named_sharding(mesh: Mesh, logical_axes: Sequence[str | None], shape: Sequen
     return NamedSharding(mesh, logical_to_spec(logical_axes, shape, dict(mesh.shape)))
 
 
+def is_axes(x: Any) -> bool:
+    """The `is_leaf` of a logical-axes tree (`param_axes`, `cache_axes`): a tuple of names is one leaf."""
+    return isinstance(x, tuple)
+
+
 def tree_shardings(mesh: Mesh, axes_tree: Any, shapes_tree: Any) -> Any:
     """NamedSharding per leaf; `axes_tree` has a tuple of logical names where `shapes_tree` has an array/ShapeDtypeStruct."""
     return jax.tree.map(
         lambda axes, x: named_sharding(mesh, axes, x.shape),
         axes_tree,
         shapes_tree,
-        is_leaf=lambda t: isinstance(t, tuple),
+        is_leaf=is_axes,
     )
 
 
@@ -146,5 +151,5 @@ def logical_to_sharding(axes_tree: Any, mesh: Mesh, shapes_tree: Any = None) -> 
     return jax.tree.map(
         lambda axes: NamedSharding(mesh, logical_to_spec(axes, [huge] * len(axes), mesh_shape)),
         axes_tree,
-        is_leaf=lambda t: isinstance(t, tuple),
+        is_leaf=is_axes,
     )
