@@ -1,7 +1,8 @@
 """What the model benchmarks (bench_generate, bench_qwen35) share.
 
 Common model-size arguments, best-of-N timing, a random transformers model
-saved with `save_pretrained`, and transformers' greedy `generate` as the peer.
+saved with `save_pretrained`, transformers' greedy `generate` as the peer, and
+the matmul floor: a model's weight products alone, in XLA and in torch.
 Imported by the scripts as `bench_common` (they run with `launch/` on the path).
 """
 
@@ -66,3 +67,60 @@ def hf_greedy(hf_model, prompts):
         return out[:, input_ids.shape[1] :].tolist()
 
     return run
+
+
+def matmul_chain_floor(weights, rows: int, repeats: int = 5, few_rows=None) -> tuple[float, float]:
+    """(XLA, torch) best seconds of ``rows`` activations through ``weights`` ([in, out] f32 arrays), in order.
+
+    Only the products run: no norms, attention, cache or sampling. Each one
+    waits for the previous, as a forward pass's layers do: its smaller
+    operand takes a zero derived from the previous output's sum (no
+    activations are copied between them). What a forward pass over those
+    weights at that many rows cannot beat without changing the arithmetic
+    (precision, batch): its floor on this machine.
+
+    Each side multiplies as its model code does: ours ``jnp.dot`` on the
+    [in, out] arrays, or ``layers.few_rows_matmul`` on them transposed where
+    ``few_rows[i]`` (a CPU decode step); torch ``F.linear`` on [out, in]
+    weights, as ``nn.Linear``.
+    """
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    from wmrl_jax.models.layers import few_rows_matmul
+
+    few_rows = [False] * len(weights) if few_rows is None else list(few_rows)
+    inputs = {n: np.full((rows, n), 0.01, np.float32) for n in sorted({w.shape[0] for w in weights})}
+    jw = [jnp.transpose(w) if t else w for w, t in zip(weights, few_rows)]
+
+    def product(x, w, transposed):
+        return few_rows_matmul(x, w) if transposed else jnp.dot(x, w)
+
+    @jax.jit
+    def chain(inputs, weights):
+        zero = jnp.zeros((), jnp.float32)
+        for w, t in zip(weights, few_rows):
+            x = inputs[w.shape[1] if t else w.shape[0]]
+            x, w = (x + zero, w) if x.size <= w.size else (x, w + zero)
+            zero = 0.0 * product(x, w, t).sum()
+        return zero
+
+    jx = {n: jnp.asarray(x) for n, x in inputs.items()}
+    jax.block_until_ready(chain(jx, jw))
+    ours, _ = best_of(lambda: jax.block_until_ready(chain(jx, jw)), repeats)
+    tw = [torch.from_numpy(np.ascontiguousarray(np.asarray(w).T)) for w in weights]
+    tx = {n: torch.from_numpy(x) for n, x in inputs.items()}
+
+    def torch_chain():
+        with torch.inference_mode():
+            zero = torch.zeros(())
+            for w in tw:
+                x = tx[w.shape[1]]
+                x, w = (x + zero, w) if x.numel() <= w.numel() else (x, w + zero)
+                zero = 0.0 * torch.nn.functional.linear(x, w).sum()
+        return zero
+
+    torch_chain()
+    theirs, _ = best_of(torch_chain, repeats)
+    return ours, theirs

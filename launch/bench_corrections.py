@@ -59,8 +59,28 @@ def _step_data(rng, steps, n=8, g=8, anchors=2):
     return out
 
 
+def _null_step(state, wm_rewards, wm_graded, real_rewards, real_graded, is_anchor):
+    """``correct_step``'s signature and outputs with no work: the per-call floor of any jitted step.
+
+    The state passes through (donated, aliased) and every output is a zero of
+    the right shape, except that one 8 x 8 product (1 024 flops) is added to
+    ``rewards``: XLA:CPU runs a program of < 1 000 flops on the calling
+    thread and any other on its worker thread, and a step that can refit is
+    far above that line, so the floor pays the same hand-off the step does.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from wmrl_jax import corrections as C
+
+    _, shapes = jax.eval_shape(C.correct_step, state, wm_rewards, wm_graded, real_rewards, real_graded, is_anchor)
+    out = {k: jnp.zeros(v.shape, v.dtype) for k, v in shapes.items()}
+    out["rewards"] = out["rewards"] + wm_rewards @ real_rewards
+    return state, out
+
+
 def bench_step(repeats: int, steps_per_repeat: int = 64):
-    """Seconds per step: (jax per call, jax inside a jitted scan, numpy)."""
+    """Seconds per step: (jax per call, jax inside a jitted scan, numpy, the per-call floor)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -95,7 +115,9 @@ def bench_step(repeats: int, steps_per_repeat: int = 64):
     # per-call dispatch of the state's leaves.
     scanned = jax.jit(lambda s, xs: jax.lax.scan(lambda c, x: C.correct_step(c, *x), s, xs))
 
-    def run_jax():
+    null = jax.jit(_null_step, donate_argnums=0)
+
+    def run_jax(step=step):
         s = jax.tree.map(jnp.copy, state)
         for d in dev:
             s, o = step(s, *d)
@@ -108,11 +130,15 @@ def bench_step(repeats: int, steps_per_repeat: int = 64):
         for wm, real, anchor in lists:
             loop.step(wm, real, anchor)
 
+    def run_null():
+        run_jax(null)
+
     run_jax()
     run_scan()
     run_numpy()
+    run_null()
     assert loop.debiaser.n_fits > 1
-    times = _median_times([run_jax, run_scan, run_numpy], repeats)
+    times = _median_times([run_jax, run_scan, run_numpy, run_null], repeats)
     return tuple(t / steps_per_repeat for t in times)
 
 
@@ -174,11 +200,11 @@ def main(argv=None):
 
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; medians of {reps} repeats; "
           f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
-    t_jax, t_scan, t_np = bench_step(reps)
+    t_jax, t_scan, t_np, t_null = bench_step(reps)
     # The same measurement in a fresh process whose CPU client runs each call
     # on the calling thread (the setting is read when the client is created).
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        t_sync, _, t_np_sync = pool.apply(_bench_step_sync_dispatch, (reps,))
+        t_sync, _, t_np_sync, t_null_sync = pool.apply(_bench_step_sync_dispatch, (reps,))
     print("\ncorrect_step, 8 groups x 8, cap 5000 full, refit every 4th step (per step)")
     row = "  {:<40}{:9.3f} ms   numpy / jax = {:6.1f}x{}"
     print(row.format("jax, jitted call per step", t_jax * 1e3, t_np / t_jax, ""))
@@ -186,8 +212,12 @@ def main(argv=None):
                      f"   (numpy in that process {t_np_sync * 1e3:.3f} ms)"))
     print(row.format("jax, 64 steps in one jitted scan", t_scan * 1e3, t_np / t_scan, ""))
     print(f"  {'numpy reference':<40}{t_np * 1e3:9.3f} ms   (target numpy / jax >= 10x)")
+    print(f"  floor [2]: {t_null * 1e3:.3f} ms a call ({t_null_sync * 1e3:.3f} ms synchronous) against the "
+          f"{t_np / 10 * 1e3:.3f} ms ({t_np_sync / 10 * 1e3:.3f} ms) that 10x allows")
     print("  [1] jax_cpu_enable_async_dispatch=False: a call that is blocked on at once gains\n"
-          "      nothing from running on XLA's worker thread, and pays a thread hand-off per call.")
+          "      nothing from running on XLA's worker thread, and pays a thread hand-off per call.\n"
+          "  [2] a jitted program with correct_step's inputs, donated state and outputs that does no\n"
+          "      work (launch/bench_corrections._null_step): what any per-call step pays first.")
     print("\nisotonic_fit, exact weighted (per fit)")
     print(f"  {'n':>7} {'jax (jit)':>12} {'sklearn':>12} {'scipy':>12} {'jax/sklearn':>12} {'jax/scipy':>10}")
     for n in (5000, 50000):

@@ -23,7 +23,7 @@ import tempfile
 
 import numpy as np
 
-from bench_common import add_model_arguments, best_of, hf_greedy, save_random_hf
+from bench_common import add_model_arguments, best_of, hf_greedy, matmul_chain_floor, save_random_hf
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -94,13 +94,11 @@ def matmul_floor(model, args) -> tuple[float, float]:
     """(ours, torch) best seconds of a decode step's weight matmuls alone: its floor on this machine.
 
     One [batch, D] activation through every layer's q|k|v, o, gate|up and
-    down weights and the unembedding (the same arrays the sampler reads),
-    nothing else: no norms, attention, cache or sampling. A sampler step
-    cannot beat this without changing the arithmetic (precision, batch).
+    down weights and the unembedding (the same arrays the sampler reads, and
+    the unembedding as ``layers.unembed`` multiplies at one token on CPU):
+    ``bench_common.matmul_chain_floor``.
     """
     import jax
-    import jax.numpy as jnp
-    import torch
 
     # The per-layer weights exactly as the sampler decodes with them (fused q|k|v and gate|up).
     params, _ = jax.jit(lambda p: model.family.decode_layout(model.config, p, None))(model.params)
@@ -109,33 +107,7 @@ def matmul_floor(model, args) -> tuple[float, float]:
         o_xd = lp["o_proj_nhd"].reshape(-1, model.config.hidden_size)
         weights += [lp["qkv_proj_dx"], o_xd, lp["gate_up_proj_dx"], lp["down_proj_fd"]]
     weights.append(params["lm_head_dv"] if "lm_head_dv" in params else params["embed_vd"].T)
-    x = jnp.ones((args.batch, max(w.shape[0] for w in weights)), jnp.float32) * 0.01
-
-    @jax.jit
-    def chain(x, weights):
-        outs = []
-        for w in weights:  # each product reads the previous one: a dependent chain, as in a step
-            y = jnp.dot(x[:, : w.shape[0]], w)
-            outs.append(y[:, :1])
-            x = jnp.concatenate([y, x], -1)[:, : x.shape[1]]
-        return outs
-
-    jax.block_until_ready(chain(x, weights))
-    ours, _ = best_of(lambda: jax.block_until_ready(chain(x, weights)), 20)
-    tw = [torch.from_numpy(np.array(w)) for w in weights]
-    tx = torch.from_numpy(np.array(x))
-
-    def torch_chain():
-        with torch.inference_mode():
-            h = tx
-            for w in tw:
-                y = h[:, : w.shape[0]] @ w
-                h = torch.cat([y, h], -1)[:, : h.shape[1]]
-        return h
-
-    torch_chain()
-    theirs, _ = best_of(torch_chain, 20)
-    return ours, theirs
+    return matmul_chain_floor(weights, args.batch, repeats=20, few_rows=[False] * (len(weights) - 1) + [True])
 
 
 def main(argv=None) -> dict:

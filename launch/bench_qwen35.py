@@ -19,8 +19,10 @@ times keeping the best (the machine may be shared):
   (`torch_recurrent_gated_delta_rule`, `causal_conv1d_update`).
 
 Prints compile times of ours, both sides' times and throughputs, the ratios
-(ours / transformers), and how many greedy tokens agree (reported, not
-asserted: long greedy runs on random weights can split after a near-tie).
+(ours / transformers), the floors (a prefill's and a decode step's weight
+products alone, in XLA and in torch; for prefill against the time 3x would
+allow), and how many greedy tokens agree (reported, not asserted: long greedy
+runs on random weights can split after a near-tie).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import time
 
 import numpy as np
 
-from bench_common import add_model_arguments, best_of, hf_greedy, save_random_hf
+from bench_common import add_model_arguments, best_of, hf_greedy, matmul_chain_floor, save_random_hf
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -120,6 +122,53 @@ def prefill_transformers(hf_model, tokens: np.ndarray, repeats: int) -> tuple[fl
     return best_of(run, repeats)
 
 
+def weight_matrices(model, *, unembed: bool) -> list:
+    """Every layer's projection and MLP weights as [in, out] matrices in layer order (+ the unembedding)."""
+    import jax.numpy as jnp
+
+    from wmrl_jax.models.qwen35 import _PROJ_IN
+
+    c, params = model.config, model.params
+
+    def layer_weights(layer: dict) -> list:
+        out = []
+        for name, w in layer.items():
+            if name in _PROJ_IN:
+                n_in = _PROJ_IN[name]
+                out.append(jnp.reshape(w, (int(np.prod(w.shape[:n_in])), -1)))
+        return out
+
+    weights = []
+    for r in range(c.num_repeats):
+        for j in range(len(c.pattern)):
+            weights += layer_weights({name: w[r] for name, w in params["blocks"][str(j)].items()})
+    for i in range(len(c.tail_types)):
+        weights += layer_weights(params["tail"][str(i)])
+    if unembed:
+        weights.append(params["embed_vd"].T if c.tie_word_embeddings else params["lm_head_dv"])
+    return weights
+
+
+def prefill_floor(model, rows: int) -> tuple[float, float]:
+    """(XLA, torch) best seconds of a prefill's weight products alone, ``rows`` = batch x length.
+
+    ``bench_common.matmul_chain_floor`` over the layers (the last position's
+    unembedding is left out: one row per sequence): the flops no delta rule,
+    attention or fusion can remove.
+    """
+    return matmul_chain_floor(weight_matrices(model, unembed=False), rows, repeats=2)
+
+
+def decode_floor(model, rows: int) -> tuple[float, float]:
+    """(XLA, torch) best seconds of one decode step's weight products alone: layers and unembedding.
+
+    Ours as the CPU decode multiplies: every product by ``layers.few_rows_matmul``
+    (``qwen35._decode_blocks``, ``layers.unembed``).
+    """
+    weights = weight_matrices(model, unembed=True)
+    return matmul_chain_floor(weights, rows, repeats=20, few_rows=[True] * len(weights))
+
+
 def decode_ours(model, prompts, new_tokens: int, repeats: int) -> tuple[float, float, float, list]:
     """(compile s, t(N) s, t(1) s, tokens) of `sampling.generate`, greedy."""
     from wmrl_jax import sampling
@@ -174,7 +223,11 @@ def main(argv=None) -> dict:
         err = float(np.abs(ours_logits - hf_logits).max())
         print(f"prefill transformers: run {hf_s:.2f} s -> {n / hf_s:,.0f} tokens/s; last-logit max |diff| {err:.1e}")
         print(f"prefill ratio (ours / transformers tokens/s): {hf_s / ours_s:.2f}x", flush=True)
-        result.update(prefill_ours_s=ours_s, prefill_hf_s=hf_s, prefill_ratio=hf_s / ours_s)
+        floor_s, torch_floor_s = prefill_floor(model, n)
+        print(f"prefill floor: its dense weight products alone take {floor_s:.2f} s in XLA, {torch_floor_s:.2f} s in "
+              f"torch; 3x transformers would need the whole prefill in {hf_s / 3:.2f} s", flush=True)
+        result.update(prefill_ours_s=ours_s, prefill_hf_s=hf_s, prefill_ratio=hf_s / ours_s,
+                      prefill_floor_s=floor_s, prefill_torch_floor_s=torch_floor_s)
     if not args.skip_decode:
         prompts = rng.integers(1, args.vocab, size=(args.decode_batch, args.prompt_len)).tolist()
         steps = args.decode_batch * (args.new_tokens - 1)
@@ -188,6 +241,11 @@ def main(argv=None) -> dict:
         print(f"decode transformers generate: t(N) {hf_n:.2f} s, t(1) {hf_1:.2f} s -> {hf_rate:,.1f} new tokens/s; "
               f"greedy tokens equal {agree:.1%}")
         print(f"decode ratio (ours / transformers tokens/s): {ours_rate / hf_rate:.2f}x", flush=True)
+        floor_s, torch_floor_s = decode_floor(model, args.decode_batch)
+        print(f"decode floor: a step's weight products alone take {floor_s * 1e3:.1f} ms in XLA, {torch_floor_s * 1e3:.1f} ms "
+              f"in torch; ours spends {args.decode_batch / ours_rate * 1e3:.1f} ms a step, transformers "
+              f"{args.decode_batch / hf_rate * 1e3:.1f} ms", flush=True)
+        result.update(decode_floor_s=floor_s, decode_torch_floor_s=torch_floor_s)
         result.update(decode_ours_tps=ours_rate, decode_hf_tps=hf_rate, decode_ratio=ours_rate / hf_rate, agree=agree)
     return result
 

@@ -109,6 +109,34 @@ def test_attention_cache_layouts_agree():
         layers.gqa_attention(q, keys, values, mask, 0.3, kv_layout="bhsk")
 
 
+def test_few_rows_matmul_and_one_token_unembed_match_numpy():
+    """The CPU decode step's multiply-and-reduce products equal float64 numpy, in and out of jit, f32 and bf16."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    w = rng.standard_normal((100, 64)).astype(np.float32)
+    want = x.astype(np.float64) @ w.T.astype(np.float64)
+    np.testing.assert_allclose(np.asarray(layers.few_rows_matmul(x, w)), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(jax.jit(layers.few_rows_matmul)(x, w)), want, rtol=1e-5, atol=1e-5)
+    # bf16 operands: exact products, accumulated in f32 (as a dot with f32 accumulation).
+    xb, wb = jnp.asarray(x, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16)
+    got = layers.few_rows_matmul(xb, wb)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), np.asarray(xb, np.float64) @ np.asarray(wb, np.float64).T, atol=1e-4)
+
+    assert layers.few_rows_path()  # CPU, no mesh: the one-token unembed below takes it
+    params = {"lm_head_dv": w.T.copy(), "embed_vd": w}
+    for t in (1, 3):  # one token (few-rows path) and a block of tokens (the einsum)
+        hidden = rng.standard_normal((8, t, 64)).astype(np.float32)
+        want = np.einsum("btd,vd->btv", hidden.astype(np.float64), w.astype(np.float64))
+        for tied in (False, True):
+            got = jax.jit(layers.unembed, static_argnums=2)(hidden, params, tied)
+            assert got.shape == (8, t, 100) and got.dtype == jnp.float32
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    mesh = jax.make_mesh((1,), ("data",))
+    with jax.set_mesh(mesh):
+        assert not layers.few_rows_path()  # under a mesh the products stay dots
+
+
 def test_grow_cache_pads_only_cache_length_axes():
     from wmrl_jax.sampling import grow_cache
 

@@ -178,6 +178,44 @@ def swiglu_fused(x: jax.Array, gate_up_dx: jax.Array, down_fd: jax.Array) -> jax
     return jnp.einsum("btf,fd->btd", jax.nn.silu(gate_btf) * up_btf, down_fd)
 
 
+def few_rows_path() -> bool:
+    """Whether a one-token step should take ``few_rows_matmul``: a CPU backend and no mesh in scope.
+
+    A mesh's partitioner may place the multiply and the reduce apart (the
+    [M, N, K] product would then be materialised), so sharded code keeps dots.
+    """
+    return jax.default_backend() == "cpu" and jax.sharding.get_abstract_mesh().empty
+
+
+def few_rows_matmul(x_mk: jax.Array, w_nk: jax.Array) -> jax.Array:
+    """``x · wᵀ`` for few rows M (a decode step) as one multiply-and-reduce: f32[M, N].
+
+    Each output is a row reduction over K of ``w[n] * x[m]`` in f32 (the
+    [M, N, K] product is fused away, never materialised). At M <= 32 XLA:CPU
+    streams the weight through a row reduction faster than through its dot:
+    measured in a decode loop, the 32000 x 512 unembedding takes 5.0 ms
+    against 7.9 ms ([D, V] dot) and 6.6 ms ([V, D] dot) at M = 8, and 9.9
+    against 13.3 ms at M = 32. Take it where ``few_rows_path()``.
+    """
+    f32 = jnp.float32
+    return (w_nk[None, :, :].astype(f32) * x_mk[:, None, :].astype(f32)).sum(-1)
+
+
+def unembed(hidden_btd: jax.Array, params: dict, tied: bool) -> jax.Array:
+    """float32[B, T, V] logits of final-normed hidden [B, T, D]: ``lm_head_dv``, or ``embed_vd`` transposed if tied.
+
+    A one-token step on CPU takes ``few_rows_matmul`` over the [V, D] head (an
+    untied head is transposed behind an ``optimization_barrier``, so that
+    inside a decode loop XLA hoists the transpose out and makes it once).
+    """
+    if hidden_btd.shape[1] == 1 and few_rows_path():
+        w_vd = params["embed_vd"] if tied else jax.lax.optimization_barrier(params["lm_head_dv"].T)
+        return few_rows_matmul(hidden_btd[:, 0], w_vd)[:, None]
+    if tied:
+        return jnp.einsum("btd,vd->btv", hidden_btd, params["embed_vd"], preferred_element_type=jnp.float32)
+    return jnp.einsum("btd,dv->btv", hidden_btd, params["lm_head_dv"], preferred_element_type=jnp.float32)
+
+
 def positions_from_valid(valid: jax.Array) -> jax.Array:
     """RoPE positions of a left-padded batch: cumsum(valid) - 1, clipped at 0 (int32[B, T])."""
     return jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=-1) - 1, 0)

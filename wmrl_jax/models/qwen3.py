@@ -380,8 +380,4 @@ def forward(
 
 def unembed(params: Params, config: Config, hidden: jax.Array) -> jax.Array:
     """float32[B, T, V] logits of final-normed hidden [B, T, D] (tied head = embedding transposed)."""
-    if config.tie_word_embeddings:
-        logits = jnp.einsum("btd,vd->btv", hidden, params["embed_vd"], preferred_element_type=jnp.float32)
-    else:
-        logits = jnp.einsum("btd,dv->btv", hidden, params["lm_head_dv"], preferred_element_type=jnp.float32)
-    return constrain(logits, ("batch", "length", "vocab"))
+    return constrain(L.unembed(hidden, params, config.tie_word_embeddings), ("batch", "length", "vocab"))

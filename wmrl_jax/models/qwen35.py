@@ -37,6 +37,7 @@ delta-rule state is left exactly as it was), and are masked as attention keys.
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -245,8 +246,9 @@ _PROJ_IN = {
 def _proj(spec: str, x: jax.Array, w: jax.Array | _OutIn) -> jax.Array:
     """``einsum(spec, x, w)`` for a projection whose contracted dims end x and start w.
 
-    For an ``_OutIn`` weight the same product is taken as ``w[*out, *in] · xᵀ``
-    and transposed back (the [B·T, ·] output is small at a decode step).
+    An ``_OutIn`` weight (``w[*out, *in]``, a CPU decode step) is multiplied
+    by ``layers.few_rows_matmul`` (by a dot under a mesh) and the small
+    [B·T, ·] output is laid out as ``spec`` says.
     """
     if not isinstance(w, _OutIn):
         return jnp.einsum(spec, x, w)
@@ -254,8 +256,13 @@ def _proj(spec: str, x: jax.Array, w: jax.Array | _OutIn) -> jax.Array:
     w_dims, out_dims = rest.split("->")
     n_in = sum(d in x_dims for d in w_dims)
     w_in, w_out, lead = w_dims[:n_in], w_dims[n_in:], x_dims[: len(x_dims) - n_in]
-    y = jnp.einsum(f"{x_dims},{w_out}{w_in}->{w_out}{lead}", x, w.weight)
-    return jnp.einsum(f"{w_out}{lead}->{out_dims}", y)
+    if not L.few_rows_path():
+        y = jnp.einsum(f"{x_dims},{w_out}{w_in}->{w_out}{lead}", x, w.weight)
+        return jnp.einsum(f"{w_out}{lead}->{out_dims}", y)
+    out_shape, lead_shape = w.weight.shape[: len(w_out)], x.shape[: len(lead)]
+    k = x.size // math.prod(lead_shape)
+    y = L.few_rows_matmul(x.reshape(-1, k), w.weight.reshape(-1, k)).astype(x.dtype)
+    return jnp.einsum(f"{lead}{w_out}->{out_dims}", y.reshape(*lead_shape, *out_shape))
 
 
 def _out_in(name: str, w: jax.Array) -> jax.Array | _OutIn:
@@ -361,10 +368,11 @@ def _decode_blocks(block_params: dict, block_cache: dict, c: Config, x_btd: jax.
     ``optimization_barrier`` (an identity) XLA hoists them out of the loop,
     so they are cut once per sampler call. They are cut output dims first
     (``_OutIn``): at M = B·T = 8 rows XLA's CPU matmul streams a ``[out, in]``
-    left operand about twice as fast as it does an ``[in, out]`` right one.
-    Measured on the benchmark model (8 rows, 2 x (3 linear + 1 full)): 37 ms
-    a step with the scan, 28 ms with hoisted slices, 19 ms with them
-    transposed. Cost: the hoisted copies hold one more copy of the block
+    left operand about twice as fast as it does an ``[in, out]`` right one,
+    and a row reduction (``layers.few_rows_matmul``, what ``_proj`` takes
+    off a mesh) faster still. Measured on the benchmark model (8 rows,
+    2 x (3 linear + 1 full)): 37 ms a step with the scan, 28 ms with hoisted
+    slices, 19 ms with them transposed. Cost: the hoisted copies hold one more copy of the block
     weights while the sampler runs (hence CPU only; GPU XLA feeds slices to
     its GEMMs in place). The recurrent state and KV slices are written back
     in place (``.at[r].set`` on the loop-carried cache).
@@ -428,11 +436,7 @@ def forward(
 
 def unembed(params: Params, config: Config, hidden: jax.Array) -> jax.Array:
     """float32[B, T, V] logits of final-normed hidden [B, T, D] (tied head = embedding transposed)."""
-    if config.tie_word_embeddings:
-        logits = jnp.einsum("btd,vd->btv", hidden, params["embed_vd"], preferred_element_type=jnp.float32)
-    else:
-        logits = jnp.einsum("btd,dv->btv", hidden, params["lm_head_dv"], preferred_element_type=jnp.float32)
-    return constrain(logits, ("batch", "length", "vocab"))
+    return constrain(L.unembed(hidden, params, config.tie_word_embeddings), ("batch", "length", "vocab"))
 
 
 def num_params(config: Config) -> int:
