@@ -74,8 +74,9 @@ def matmul_chain_floor(weights, rows: int, repeats: int = 5, few_rows=None) -> t
 
     Only the products run: no norms, attention, cache or sampling. Each one
     waits for the previous, as a forward pass's layers do: its smaller
-    operand takes a zero derived from the previous output's sum (no
-    activations are copied between them). What a forward pass over those
+    operand takes a zero derived from the previous output's max (no
+    activations are copied between them; a sum could be merged into a
+    multiply-and-reduce product's own reduction). What a forward pass over those
     weights at that many rows cannot beat without changing the arithmetic
     (precision, batch): its floor on this machine.
 
@@ -103,7 +104,7 @@ def matmul_chain_floor(weights, rows: int, repeats: int = 5, few_rows=None) -> t
         for w, t in zip(weights, few_rows):
             x = inputs[w.shape[1] if t else w.shape[0]]
             x, w = (x + zero, w) if x.size <= w.size else (x, w + zero)
-            zero = 0.0 * product(x, w, t).sum()
+            zero = 0.0 * product(x, w, t).max()
         return zero
 
     jx = {n: jnp.asarray(x) for n, x in inputs.items()}
@@ -118,7 +119,7 @@ def matmul_chain_floor(weights, rows: int, repeats: int = 5, few_rows=None) -> t
             for w in tw:
                 x = tx[w.shape[1]]
                 x, w = (x + zero, w) if x.numel() <= w.numel() else (x, w + zero)
-                zero = 0.0 * torch.nn.functional.linear(x, w).sum()
+                zero = 0.0 * torch.nn.functional.linear(x, w).max()
         return zero
 
     torch_chain()

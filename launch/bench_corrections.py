@@ -9,7 +9,9 @@
    (plain numpy, the same semantics). Target: >= 10x. Measured two ways: one
    jitted call per step, state donated and every output blocked on (how a host
    loop calls it; bound by per-call dispatch, not arithmetic), and 64 steps in
-   one jitted ``lax.scan`` (how it runs inside a jitted train step).
+   one jitted ``lax.scan`` (how it runs inside a jitted train step). Also the
+   per-call floor: a jitted program with the step's inputs, donated state and
+   outputs that does no work (``_null_step``), timed the same way.
 2. ``isotonic_fit`` (jitted, exact, weighted) against
    ``sklearn.isotonic.IsotonicRegression(out_of_bounds="clip").fit`` and
    ``np.argsort`` + ``scipy.optimize.isotonic_regression`` at n = 5000 and

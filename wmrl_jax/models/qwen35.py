@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from wmrl_jax.models import gated_deltanet as gdn
 from wmrl_jax.models import layers as L
@@ -239,7 +240,7 @@ class _OutIn(NamedTuple):
 _PROJ_IN = {
     "qkv_proj_dc": 1, "z_proj_dmu": 1, "b_proj_dm": 1, "a_proj_dm": 1, "out_proj_mud": 2, "q_gate_proj_dnxh": 1,
     "k_proj_dkh": 1, "v_proj_dkh": 1, "o_proj_nhd": 2, "gate_proj_df": 1, "up_proj_df": 1, "gate_up_proj_dxf": 1,
-    "down_proj_fd": 1,
+    "down_proj_fd": 1, "in_proj_dx": 1, "qkv_gate_proj_dx": 1,
 }
 
 
@@ -288,10 +289,16 @@ def _linear_attention(lp: dict, c: Config, h_btd: jax.Array, valid: jax.Array, c
     b, t, _ = h_btd.shape
     j, e = c.linear_num_key_heads, c.linear_key_head_dim
     m, u = c.linear_num_value_heads, c.linear_value_head_dim
-    mixed_btc = _proj("btd,dc->btc", h_btd, lp["qkv_proj_dc"])
-    z_btmu = _proj("btd,dmu->btmu", h_btd, lp["z_proj_dmu"])
-    b_btm = _proj("btd,dm->btm", h_btd, lp["b_proj_dm"]).astype(jnp.float32)
-    a_btm = _proj("btd,dm->btm", h_btd, lp["a_proj_dm"]).astype(jnp.float32)
+    if "in_proj_dx" in lp:  # decode layout: q|k|v, z, b and a stacked, one product
+        x_btx = _proj("btd,dx->btx", h_btd, lp["in_proj_dx"])
+        mixed_btc, z_btx, b_btm, a_btm = jnp.split(x_btx, np.cumsum([c.conv_dim, m * u, m]), axis=-1)
+        z_btmu = z_btx.reshape(b, t, m, u)
+    else:
+        mixed_btc = _proj("btd,dc->btc", h_btd, lp["qkv_proj_dc"])
+        z_btmu = _proj("btd,dmu->btmu", h_btd, lp["z_proj_dmu"])
+        b_btm = _proj("btd,dm->btm", h_btd, lp["b_proj_dm"])
+        a_btm = _proj("btd,dm->btm", h_btd, lp["a_proj_dm"])
+    b_btm, a_btm = b_btm.astype(jnp.float32), a_btm.astype(jnp.float32)
     conv_state = None if cache is None else cache["conv"]
     mixed_btc, new_conv = gdn.causal_conv1d(mixed_btc, lp["conv_wc"], conv_state, valid)
     q_btje = mixed_btc[..., : c.key_dim].reshape(b, t, j, e)
@@ -321,10 +328,17 @@ def _linear_attention(lp: dict, c: Config, h_btd: jax.Array, valid: jax.Array, c
 
 def _full_attention(lp: dict, c: Config, h_btd: jax.Array, ctx: dict, cache: dict | None):
     """Gated GQA token mixer. h: normed input [B, T, D]; returns ([B, T, D], new layer cache)."""
-    qg_btnxh = _proj("btd,dnxh->btnxh", h_btd, lp["q_gate_proj_dnxh"])
+    b, t, _ = h_btd.shape
+    n, k, h = c.num_heads, c.num_kv_heads, c.head_dim
+    if "qkv_gate_proj_dx" in lp:  # decode layout: q|gate, k and v stacked, one product
+        x_btx = _proj("btd,dx->btx", h_btd, lp["qkv_gate_proj_dx"])
+        qg_btx, k_btx, v_btx = jnp.split(x_btx, np.cumsum([n * 2 * h, k * h]), axis=-1)
+        qg_btnxh, k_btkh, v_btkh = qg_btx.reshape(b, t, n, 2, h), k_btx.reshape(b, t, k, h), v_btx.reshape(b, t, k, h)
+    else:
+        qg_btnxh = _proj("btd,dnxh->btnxh", h_btd, lp["q_gate_proj_dnxh"])
+        k_btkh = _proj("btd,dkh->btkh", h_btd, lp["k_proj_dkh"])
+        v_btkh = _proj("btd,dkh->btkh", h_btd, lp["v_proj_dkh"])
     q_btnh, gate_btnh = qg_btnxh[..., 0, :], qg_btnxh[..., 1, :]
-    k_btkh = _proj("btd,dkh->btkh", h_btd, lp["k_proj_dkh"])
-    v_btkh = _proj("btd,dkh->btkh", h_btd, lp["v_proj_dkh"])
     norm = lambda x, w: L.rms_norm(x, w, c.rms_norm_eps, offset=1.0)
     q_btnh = L.apply_rope(norm(q_btnh, lp["q_norm_h"]), ctx["positions"], c.rope_theta, c.rotary_dim)
     k_btkh = L.apply_rope(norm(k_btkh, lp["k_norm_h"]), ctx["positions"], c.rope_theta, c.rotary_dim)
@@ -357,6 +371,25 @@ def _decoder_layer(kind: str, lp: dict, c: Config, x_btd: jax.Array, ctx: dict, 
     return constrain(x_btd, ("batch", "length", "embed")), new_cache
 
 
+# Projections that read the same input, stacked along their outputs into one
+# weight for the CPU decode (``_decode_blocks``): one product instead of several.
+_STACKED_INPUTS = {
+    "in_proj_dx": ("qkv_proj_dc", "z_proj_dmu", "b_proj_dm", "a_proj_dm"),  # Gated DeltaNet
+    "qkv_gate_proj_dx": ("q_gate_proj_dnxh", "k_proj_dkh", "v_proj_dkh"),  # gated attention
+}
+
+
+def _stack_inputs(layer: dict) -> dict:
+    """One layer's weights with ``_STACKED_INPUTS`` and gate|up (``gate_up_proj_dxf``) stacked."""
+    layer = dict(layer)
+    layer["gate_up_proj_dxf"] = jnp.stack([layer.pop("gate_proj_df"), layer.pop("up_proj_df")], axis=1)
+    for stacked, names in _STACKED_INPUTS.items():
+        if names[0] in layer:
+            parts = [layer.pop(name) for name in names]
+            layer[stacked] = jnp.concatenate([w.reshape(w.shape[0], -1) for w in parts], axis=1)
+    return layer
+
+
 def _decode_blocks(block_params: dict, block_cache: dict, c: Config, x_btd: jax.Array, ctx: dict):
     """The scanned blocks of a one-token step on CPU, unrolled over the repeats (same result as the scan).
 
@@ -381,8 +414,7 @@ def _decode_blocks(block_params: dict, block_cache: dict, c: Config, x_btd: jax.
     for r in range(c.num_repeats):
         params_r = {}
         for pos, layer in block_params.items():
-            layer_r = {name: w[r] for name, w in layer.items()}
-            layer_r["gate_up_proj_dxf"] = jnp.stack([layer_r.pop("gate_proj_df"), layer_r.pop("up_proj_df")], axis=1)
+            layer_r = _stack_inputs({name: w[r] for name, w in layer.items()})
             params_r[pos] = {name: _out_in(name, w) for name, w in layer_r.items()}
         params_r = jax.lax.optimization_barrier(params_r)
         for j, kind in enumerate(c.pattern):
