@@ -107,7 +107,10 @@ def matmul_floor(model, args) -> tuple[float, float]:
         o_xd = lp["o_proj_nhd"].reshape(-1, model.config.hidden_size)
         weights += [lp["qkv_proj_dx"], o_xd, lp["gate_up_proj_dx"], lp["down_proj_fd"]]
     weights.append(params["lm_head_dv"] if "lm_head_dv" in params else params["embed_vd"].T)
-    return matmul_chain_floor(weights, args.batch, repeats=20, few_rows=[False] * (len(weights) - 1) + [True])
+    from wmrl_jax.models.layers import few_rows_path
+
+    few_rows = [False] * (len(weights) - 1) + [few_rows_path(args.batch)]
+    return matmul_chain_floor(weights, args.batch, repeats=20, few_rows=few_rows)
 
 
 def main(argv=None) -> dict:

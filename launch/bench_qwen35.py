@@ -163,10 +163,12 @@ def decode_floor(model, rows: int) -> tuple[float, float]:
     """(XLA, torch) best seconds of one decode step's weight products alone: layers and unembedding.
 
     Ours as the CPU decode multiplies: every product by ``layers.few_rows_matmul``
-    (``qwen35._decode_blocks``, ``layers.unembed``).
+    where ``layers.few_rows_path`` (``qwen35._decode_blocks``, ``layers.unembed``).
     """
+    from wmrl_jax.models.layers import few_rows_path
+
     weights = weight_matrices(model, unembed=True)
-    return matmul_chain_floor(weights, rows, repeats=20, few_rows=[True] * len(weights))
+    return matmul_chain_floor(weights, rows, repeats=20, few_rows=[few_rows_path(rows)] * len(weights))
 
 
 def decode_ours(model, prompts, new_tokens: int, repeats: int) -> tuple[float, float, float, list]:

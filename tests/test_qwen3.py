@@ -123,7 +123,7 @@ def test_few_rows_matmul_and_one_token_unembed_match_numpy():
     assert got.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(got), np.asarray(xb, np.float64) @ np.asarray(wb, np.float64).T, atol=1e-4)
 
-    assert layers.few_rows_path()  # CPU, no mesh: the one-token unembed below takes it
+    assert layers.few_rows_path(8) and not layers.few_rows_path(layers.FEW_ROWS + 1)  # CPU, no mesh
     params = {"lm_head_dv": w.T.copy(), "embed_vd": w}
     for t in (1, 3):  # one token (few-rows path) and a block of tokens (the einsum)
         hidden = rng.standard_normal((8, t, 64)).astype(np.float32)
@@ -134,7 +134,7 @@ def test_few_rows_matmul_and_one_token_unembed_match_numpy():
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
     mesh = jax.make_mesh((1,), ("data",))
     with jax.set_mesh(mesh):
-        assert not layers.few_rows_path()  # under a mesh the products stay dots
+        assert not layers.few_rows_path(8)  # under a mesh the products stay dots
 
 
 def test_grow_cache_pads_only_cache_length_axes():

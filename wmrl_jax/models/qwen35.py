@@ -248,8 +248,8 @@ def _proj(spec: str, x: jax.Array, w: jax.Array | _OutIn) -> jax.Array:
     """``einsum(spec, x, w)`` for a projection whose contracted dims end x and start w.
 
     An ``_OutIn`` weight (``w[*out, *in]``, a CPU decode step) is multiplied
-    by ``layers.few_rows_matmul`` (by a dot under a mesh) and the small
-    [B·T, ·] output is laid out as ``spec`` says.
+    by ``layers.few_rows_matmul`` (by a dot under a mesh or for many rows)
+    and the small [B·T, ·] output is laid out as ``spec`` says.
     """
     if not isinstance(w, _OutIn):
         return jnp.einsum(spec, x, w)
@@ -257,10 +257,10 @@ def _proj(spec: str, x: jax.Array, w: jax.Array | _OutIn) -> jax.Array:
     w_dims, out_dims = rest.split("->")
     n_in = sum(d in x_dims for d in w_dims)
     w_in, w_out, lead = w_dims[:n_in], w_dims[n_in:], x_dims[: len(x_dims) - n_in]
-    if not L.few_rows_path():
+    out_shape, lead_shape = w.weight.shape[: len(w_out)], x.shape[: len(lead)]
+    if not L.few_rows_path(math.prod(lead_shape)):
         y = jnp.einsum(f"{x_dims},{w_out}{w_in}->{w_out}{lead}", x, w.weight)
         return jnp.einsum(f"{w_out}{lead}->{out_dims}", y)
-    out_shape, lead_shape = w.weight.shape[: len(w_out)], x.shape[: len(lead)]
     k = x.size // math.prod(lead_shape)
     y = L.few_rows_matmul(x.reshape(-1, k), w.weight.reshape(-1, k)).astype(x.dtype)
     return jnp.einsum(f"{lead}{w_out}->{out_dims}", y.reshape(*lead_shape, *out_shape))
