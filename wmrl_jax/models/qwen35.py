@@ -400,12 +400,16 @@ def _decode_blocks(block_params: dict, block_cache: dict, c: Config, x_btd: jax.
     Unrolled, each repeat's weights are static slices; behind an
     ``optimization_barrier`` (an identity) XLA hoists them out of the loop,
     so they are cut once per sampler call. They are cut output dims first
-    (``_OutIn``): at M = B·T = 8 rows XLA's CPU matmul streams a ``[out, in]``
-    left operand about twice as fast as it does an ``[in, out]`` right one,
-    and a row reduction (``layers.few_rows_matmul``, what ``_proj`` takes
-    off a mesh) faster still. Measured on the benchmark model (8 rows,
-    2 x (3 linear + 1 full)): 37 ms a step with the scan, 28 ms with hoisted
-    slices, 19 ms with them transposed. Cost: the hoisted copies hold one more copy of the block
+    (``_OutIn``), and projections that read the same input are stacked
+    (``_stack_inputs``): at M = B·T = 8 rows XLA's CPU matmul streams a
+    ``[out, in]`` left operand about twice as fast as an ``[in, out]`` right
+    one, a row reduction (``layers.few_rows_matmul``, what ``_proj`` takes
+    off a mesh) faster still, and one product beats several. Measured on the
+    benchmark model (8 rows, 2 x (3 linear + 1 full)): 37 ms a step with the
+    scan, 28 ms with hoisted slices, 19 ms transposed; on a later day, 25.6
+    ms before and 18.7 ms after the stacked row reductions (and
+    ``layers.unembed``'s), runs an hour apart on a machine whose speed
+    varies by ±20%. Cost: the hoisted copies hold one more copy of the block
     weights while the sampler runs (hence CPU only; GPU XLA feeds slices to
     its GEMMs in place). The recurrent state and KV slices are written back
     in place (``.at[r].set`` on the loop-carried cache).
