@@ -220,12 +220,15 @@ def binned_fit_from_sums(sum_x: Array, sum_y: Array, count: Array) -> MonotoneMa
 
 def binned_sums(x: Array, y: Array, mask: Array, bins: int):
     """Per-bin (sum x, sum y, count) of the masked pairs."""
-    onehot = (bin_index(x, bins)[None, :] == jnp.arange(bins)[:, None]) & mask[None, :]
-    # One [bins, n] x [n, 3] product for the three sums (counts are exact
-    # in float up to 2^24 pairs): on CPU, faster than three reductions.
-    v = jnp.stack([jnp.where(mask, x, 0.0), jnp.where(mask, y, 0.0), jnp.ones_like(x)])
-    s = jnp.einsum("bn,kn->kb", onehot.astype(x.dtype), v, precision=lax.Precision.HIGHEST)
-    return s[0], s[1], s[2].astype(jnp.int32)
+    # One scatter-add of the [n, 3] rows (x, y, 1) into [bins, 3]; masked
+    # pairs get an out-of-range bin and are dropped. Counts are exact in
+    # float up to 2^24 pairs. On CPU, at n = 5000, faster than the [bins, n]
+    # one-hot product it replaced: 82 vs 118-131 us a jitted call, 26-29 vs
+    # 58-62 us inside a loop (the sums agree to 2e-6 relative).
+    idx = jnp.where(mask, bin_index(x, bins), bins)
+    v = jnp.stack([jnp.where(mask, x, 0.0), jnp.where(mask, y, 0.0), jnp.ones_like(x)], axis=-1)
+    s = jnp.zeros((bins, 3), x.dtype).at[idx].add(v, mode="drop")
+    return s[:, 0], s[:, 1], s[:, 2].astype(jnp.int32)
 
 
 def binned_isotonic_fit(x: Array, y: Array, mask: Array | None = None, bins: int = 10) -> MonotoneMap:
