@@ -37,6 +37,22 @@ def best_of(fn, repeats: int):
     return best, out
 
 
+def best_of_interleaved(fns: dict, repeats: int) -> dict:
+    """{name: (best wall seconds, last result)} of each fn run ``repeats`` times, the fns taking turns.
+
+    One round runs every fn once; a machine whose speed drifts over minutes
+    (a shared or throttled one) then weighs on every side alike, where timing
+    one side's repeats and then the other's would fold the drift into the ratio.
+    """
+    best = {name: (float("inf"), None) for name in fns}
+    for _ in range(max(1, repeats)):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            out = fn()
+            best[name] = (min(best[name][0], time.perf_counter() - start), out)
+    return best
+
+
 def save_random_hf(model_class, config, path: str, seed: int):
     """A randomly initialised (HF's init) f32 `model_class(config)` saved to `path`; returns the torch model."""
     import torch

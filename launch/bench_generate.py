@@ -12,8 +12,8 @@ wall time (after a short warm-up call), new tokens/s of each, the ratio, and
 how many greedy tokens agree (f32 on both sides; long greedy runs on random
 weights can diverge after a near-tie, so this is reported, not asserted), and
 the floor of a decode step: its weight matmuls alone, in XLA and in torch.
-Each side is timed `--repeats` times and the best time is kept (the machine
-may be shared).
+Each side is timed `--repeats` times, the sides taking turns, and the best
+time is kept (the machine may be shared, and its speed drifts).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import tempfile
 
 import numpy as np
 
-from bench_common import add_model_arguments, best_of, hf_greedy, matmul_chain_floor, save_random_hf
+from bench_common import add_model_arguments, best_of, best_of_interleaved, hf_greedy, matmul_chain_floor, save_random_hf
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -68,26 +68,23 @@ def make_prompts(args) -> list[list[int]]:
     return rng.integers(1, args.vocab, size=(args.batch, args.prompt_len)).tolist()
 
 
-def time_ours(model, prompts, args) -> tuple[float, float, list[list[int]]]:
-    """(compile seconds, best wall seconds of a compiled call, tokens).
+def time_both(model, hf_model, prompts, args) -> tuple[float, float, list, float, list]:
+    """(compile s, ours best s, ours tokens, transformers best s, its tokens), the sides taking turns.
 
-    Compile = first call (trace + compile + run) minus the best compiled run.
+    Compile = our first call (trace + compile + run) minus a compiled call;
+    transformers' `generate` gets a 2-token warm-up first.
     """
     from wmrl_jax import sampling
 
-    def run():
+    def ours():
         return sampling.generate(model, prompts, max_new_tokens=args.new_tokens, temperature=0.0).tokens
 
-    first, _ = best_of(run, 1)
-    best, tokens = best_of(run, args.repeats)
-    return first - best, best, tokens
-
-
-def time_transformers(hf_model, prompts, args) -> tuple[float, list[list[int]]]:
-    """(best wall seconds, tokens) of greedy `generate` with a KV cache, after a 2-token warm-up."""
-    run = hf_greedy(hf_model, prompts)
-    run(2)
-    return best_of(lambda: run(args.new_tokens), args.repeats)
+    first, _ = best_of(ours, 1)
+    again, _ = best_of(ours, 1)
+    hf_run = hf_greedy(hf_model, prompts)
+    hf_run(2)
+    timed = best_of_interleaved({"ours": ours, "hf": lambda: hf_run(args.new_tokens)}, args.repeats)
+    return first - again, *timed["ours"], *timed["hf"]
 
 
 def matmul_floor(model, args) -> tuple[float, float]:
@@ -132,9 +129,8 @@ def main(argv=None) -> dict:
         f"new {args.new_tokens} (greedy, f32, torch threads {torch.get_num_threads()})",
         flush=True,
     )
-    compile_s, ours_s, ours_tokens = time_ours(model, prompts, args)
+    compile_s, ours_s, ours_tokens, hf_s, hf_tokens = time_both(model, hf_model, prompts, args)
     print(f"wmrl_jax sampler: compile {compile_s:.1f} s, run {ours_s:.2f} s -> {new / ours_s:.1f} new tokens/s", flush=True)
-    hf_s, hf_tokens = time_transformers(hf_model, prompts, args)
     print(f"transformers generate: run {hf_s:.2f} s -> {new / hf_s:.1f} new tokens/s", flush=True)
     agree = np.mean(np.asarray(ours_tokens) == np.asarray(hf_tokens))
     ratio = hf_s / ours_s

@@ -6,7 +6,8 @@ r"""Qwen3.5 speed: prefill and greedy decode of our JAX family vs transformers (
 
 Builds a random `Qwen3_5ForCausalLM` with transformers, saves it, loads it with
 `wmrl_jax.models.load_hf`, then measures in this run, each side `--repeats`
-times keeping the best (the machine may be shared):
+times keeping the best, the sides taking turns (the machine may be shared, and
+its speed drifts: `bench_common.best_of_interleaved`):
 
 * prefill: the prompt through the model with a fresh cache, logits of the last
   position (what a sampler's prefill does). Ours: one jitted `forward` +
@@ -33,7 +34,7 @@ import time
 
 import numpy as np
 
-from bench_common import add_model_arguments, best_of, hf_greedy, matmul_chain_floor, save_random_hf
+from bench_common import add_model_arguments, best_of, best_of_interleaved, hf_greedy, matmul_chain_floor, save_random_hf
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -84,8 +85,8 @@ def build_checkpoint(args, path: str):
     return save_random_hf(transformers.Qwen3_5ForCausalLM, config, path, args.seed)
 
 
-def prefill_ours(model, tokens: np.ndarray, repeats: int) -> tuple[float, float, np.ndarray]:
-    """(compile s, best run s, last-position logits) of a cached prefill."""
+def prefill_ours(model, tokens: np.ndarray):
+    """(compile s, run) of a cached prefill; run() -> last-position logits."""
     import jax
     import jax.numpy as jnp
 
@@ -105,11 +106,11 @@ def prefill_ours(model, tokens: np.ndarray, repeats: int) -> tuple[float, float,
     compile_s = time.perf_counter() - start
     run = lambda: np.asarray(jax.block_until_ready(compiled(model.params, tokens))[0])
     run()
-    best, logits = best_of(run, repeats)
-    return compile_s, best, logits
+    return compile_s, run
 
 
-def prefill_transformers(hf_model, tokens: np.ndarray, repeats: int) -> tuple[float, np.ndarray]:
+def prefill_transformers(hf_model, tokens: np.ndarray):
+    """run() -> last-position logits of transformers' cached prefill (after a warm-up call)."""
     import torch
 
     input_ids = torch.as_tensor(tokens, dtype=torch.long)
@@ -119,7 +120,7 @@ def prefill_transformers(hf_model, tokens: np.ndarray, repeats: int) -> tuple[fl
             return hf_model(input_ids=input_ids, use_cache=True, logits_to_keep=1).logits[:, -1].numpy()
 
     run()
-    return best_of(run, repeats)
+    return run
 
 
 def weight_matrices(model, *, unembed: bool) -> list:
@@ -171,27 +172,22 @@ def decode_floor(model, rows: int) -> tuple[float, float]:
     return matmul_chain_floor(weights, rows, repeats=20, few_rows=[few_rows_path(rows)] * len(weights))
 
 
-def decode_ours(model, prompts, new_tokens: int, repeats: int) -> tuple[float, float, float, list]:
-    """(compile s, t(N) s, t(1) s, tokens) of `sampling.generate`, greedy."""
+def decode_ours(model, prompts, new_tokens: int):
+    """(compile s, run) of greedy `sampling.generate`; run(n) -> [B][n] new tokens.
+
+    Compile = first call of each shape (1 and N new tokens) minus a compiled call.
+    """
     from wmrl_jax import sampling
 
-    times, out = {}, None
+    def run(n: int) -> list:
+        return sampling.generate(model, prompts, max_new_tokens=n, temperature=0.0).tokens
+
     compile_s = 0.0
     for n in (1, new_tokens):
-        start = time.perf_counter()
-        sampling.generate(model, prompts, max_new_tokens=n, temperature=0.0)  # compiles this shape
-        compile_s += time.perf_counter() - start
-        times[n], result = best_of(lambda n=n: sampling.generate(model, prompts, max_new_tokens=n, temperature=0.0), repeats)
-        out = result.tokens
-    return compile_s - times[1] - times[new_tokens], times[new_tokens], times[1], out
-
-
-def decode_transformers(hf_model, prompts, new_tokens: int, repeats: int) -> tuple[float, float, list]:
-    run = hf_greedy(hf_model, prompts)
-    run(2)
-    t1, _ = best_of(lambda: run(1), repeats)
-    tn, tokens = best_of(lambda: run(new_tokens), repeats)
-    return tn, t1, tokens
+        first, _ = best_of(lambda n=n: run(n), 1)
+        again, _ = best_of(lambda n=n: run(n), 1)
+        compile_s += first - again
+    return compile_s, run
 
 
 def main(argv=None) -> dict:
@@ -218,10 +214,11 @@ def main(argv=None) -> dict:
     if not args.skip_prefill:
         tokens = rng.integers(1, args.vocab, size=(args.prefill_batch, args.prefill_len))
         n = tokens.size
-        compile_s, ours_s, ours_logits = prefill_ours(model, tokens, args.repeats)
+        compile_s, ours_run = prefill_ours(model, tokens)
+        timed = best_of_interleaved({"ours": ours_run, "hf": prefill_transformers(hf_model, tokens)}, args.repeats)
+        (ours_s, ours_logits), (hf_s, hf_logits) = timed["ours"], timed["hf"]
         print(f"prefill {args.prefill_batch} x {args.prefill_len}: wmrl_jax compile {compile_s:.1f} s, run {ours_s:.2f} s "
               f"-> {n / ours_s:,.0f} tokens/s", flush=True)
-        hf_s, hf_logits = prefill_transformers(hf_model, tokens, args.repeats)
         err = float(np.abs(ours_logits - hf_logits).max())
         print(f"prefill transformers: run {hf_s:.2f} s -> {n / hf_s:,.0f} tokens/s; last-logit max |diff| {err:.1e}")
         print(f"prefill ratio (ours / transformers tokens/s): {hf_s / ours_s:.2f}x", flush=True)
@@ -233,11 +230,18 @@ def main(argv=None) -> dict:
     if not args.skip_decode:
         prompts = rng.integers(1, args.vocab, size=(args.decode_batch, args.prompt_len)).tolist()
         steps = args.decode_batch * (args.new_tokens - 1)
-        compile_s, ours_n, ours_1, ours_tokens = decode_ours(model, prompts, args.new_tokens, args.repeats)
+        compile_s, ours_run = decode_ours(model, prompts, args.new_tokens)
+        hf_run = hf_greedy(hf_model, prompts)
+        hf_run(2)  # warm-up
+        timed = best_of_interleaved({
+            "ours_1": lambda: ours_run(1), "ours_n": lambda: ours_run(args.new_tokens),
+            "hf_1": lambda: hf_run(1), "hf_n": lambda: hf_run(args.new_tokens),
+        }, args.repeats)
+        (ours_1, _), (ours_n, ours_tokens) = timed["ours_1"], timed["ours_n"]
+        (hf_1, _), (hf_n, hf_tokens) = timed["hf_1"], timed["hf_n"]
         ours_rate = steps / (ours_n - ours_1)
         print(f"decode {args.decode_batch} x ({args.prompt_len} + {args.new_tokens}): wmrl_jax compile ~{compile_s:.1f} s, "
               f"t(N) {ours_n:.2f} s, t(1) {ours_1:.2f} s -> {ours_rate:,.1f} new tokens/s", flush=True)
-        hf_n, hf_1, hf_tokens = decode_transformers(hf_model, prompts, args.new_tokens, args.repeats)
         hf_rate = steps / (hf_n - hf_1)
         agree = float(np.mean(np.asarray(ours_tokens) == np.asarray(hf_tokens)))
         print(f"decode transformers generate: t(N) {hf_n:.2f} s, t(1) {hf_1:.2f} s -> {hf_rate:,.1f} new tokens/s; "

@@ -11,3 +11,24 @@ _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+import importlib.util  # noqa: E402  (after the XLA flag above)
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def launch_script(monkeypatch):
+    """load(name) -> the module launch/<name>.py, imported as `python launch/<name>.py` runs it (launch/ on the path)."""
+    launch = pathlib.Path(__file__).resolve().parents[1] / "launch"
+    monkeypatch.syspath_prepend(str(launch))  # the scripts import bench_common from beside them
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, launch / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

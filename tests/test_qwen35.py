@@ -248,3 +248,12 @@ def test_bad_configs_name_the_field():
         qwen35.Config(**{**base, "layer_types": (L, "sliding_attention")})
     with pytest.raises(ValueError, match="model_type"):
         qwen35.config_from_hf({"model_type": "qwen3"})
+
+
+def test_bench_qwen35_quick_runs_and_matches_transformers(launch_script):
+    """launch/bench_qwen35.py --quick end to end (not timed: figures come from the script itself)."""
+    out = launch_script("bench_qwen35").main(["--quick"])
+    assert out["agree"] == 1.0  # greedy, f32 on both sides: every token equal
+    for key in ("prefill_ours_s", "prefill_hf_s", "prefill_floor_s", "prefill_torch_floor_s",
+                "decode_ours_tps", "decode_hf_tps", "decode_floor_s", "decode_torch_floor_s"):
+        assert out[key] > 0, key

@@ -300,16 +300,9 @@ def test_greedy_equals_transformers_qwen35(tmp_path):
     assert len({t for row in ref for t in row}) > 3, "degenerate reference: every row repeats one token"
 
 
-def test_bench_generate_quick_runs_and_matches_transformers(monkeypatch):
+def test_bench_generate_quick_runs_and_matches_transformers(launch_script):
     """launch/bench_generate.py --quick end to end (not timed: figures come from the script itself)."""
-    import importlib.util
-    import pathlib
-
-    launch = pathlib.Path(__file__).resolve().parents[1] / "launch"
-    monkeypatch.syspath_prepend(str(launch))  # as `python launch/bench_generate.py` has it (bench_common)
-    spec = importlib.util.spec_from_file_location("bench_generate", launch / "bench_generate.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = launch_script("bench_generate")
     out = bench.main(["--quick"])
     assert out["agree"] == 1.0  # greedy, f32 on both sides, hidden 256: every token equal
     assert out["ours_s"] > 0 and out["hf_s"] > 0 and out["floor_step_s"] > 0 and out["torch_floor_step_s"] > 0
