@@ -91,22 +91,22 @@ def matmul_floor(model, args) -> tuple[float, float]:
     """(ours, torch) best seconds of a decode step's weight matmuls alone: its floor on this machine.
 
     One [batch, D] activation through every layer's q|k|v, o, gate|up and
-    down weights and the unembedding (the same arrays the sampler reads, and
-    the unembedding as ``layers.unembed`` multiplies at one token on CPU):
-    ``bench_common.matmul_chain_floor``.
+    down weights and the unembedding (the same arrays the sampler reads,
+    multiplied as it does at one token on CPU): ``bench_common.matmul_chain_floor``.
     """
     import jax
 
     # The per-layer weights exactly as the sampler decodes with them (fused q|k|v and gate|up).
     params, _ = jax.jit(lambda p: model.family.decode_layout(model.config, p, None))(model.params)
+    from wmrl_jax.models.layers import OutIn, few_rows_path
+
     weights = []
     for lp in params["layers"]:
-        o_xd = lp["o_proj_nhd"].reshape(-1, model.config.hidden_size)
-        weights += [lp["qkv_proj_dx"], o_xd, lp["gate_up_proj_dx"], lp["down_proj_fd"]]
-    weights.append(params["lm_head_dv"] if "lm_head_dv" in params else params["embed_vd"].T)
-    from wmrl_jax.models.layers import few_rows_path
-
-    few_rows = [False] * (len(weights) - 1) + [few_rows_path(args.batch)]
+        weights += [lp["qkv_proj_dx"], lp["o_proj_xd"], lp["gate_up_proj_dx"], lp["down_proj_fd"]]
+    weights.append(OutIn(params["lm_head_dv"].T) if "lm_head_dv" in params else OutIn(params["embed_vd"]))
+    # [in, out] arrays for the chain; the OutIn ones (all) multiply as the sampler does (`layers.project`).
+    few_rows = [isinstance(w, OutIn) and few_rows_path(args.batch) for w in weights]
+    weights = [w.weight.T if isinstance(w, OutIn) else w for w in weights]
     return matmul_chain_floor(weights, args.batch, repeats=20, few_rows=few_rows)
 
 

@@ -13,6 +13,9 @@ exponentials). Matmuls run in the param dtype.
 
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -172,10 +175,10 @@ def swiglu(x: jax.Array, gate_df: jax.Array, up_df: jax.Array, down_fd: jax.Arra
     return jnp.einsum("btf,fd->btd", jax.nn.silu(gate_btf) * up_btf, down_fd)
 
 
-def swiglu_fused(x: jax.Array, gate_up_dx: jax.Array, down_fd: jax.Array) -> jax.Array:
-    """`swiglu` with gate|up concatenated into one [D, 2F] weight (one matmul instead of two)."""
-    gate_btf, up_btf = jnp.split(jnp.einsum("btd,dx->btx", x, gate_up_dx), 2, axis=-1)
-    return jnp.einsum("btf,fd->btd", jax.nn.silu(gate_btf) * up_btf, down_fd)
+def swiglu_fused(x: jax.Array, gate_up_dx, down_fd) -> jax.Array:
+    """`swiglu` with gate|up concatenated into one [D, 2F] weight (one matmul instead of two); ``OutIn`` weights too."""
+    gate_btf, up_btf = jnp.split(project("btd,dx->btx", x, gate_up_dx), 2, axis=-1)
+    return project("btf,fd->btd", jax.nn.silu(gate_btf) * up_btf, down_fd)
 
 
 # Up to this many rows a row reduction beats XLA:CPU's dot (the 32000 x 512
@@ -204,6 +207,38 @@ def few_rows_matmul(x_mk: jax.Array, w_nk: jax.Array) -> jax.Array:
     """
     f32 = jnp.float32
     return (w_nk[None, :, :].astype(f32) * x_mk[:, None, :].astype(f32)).sum(-1)
+
+
+class OutIn(NamedTuple):
+    """A projection weight stored output dims first (``[*out, *in]``), as a CPU decode step reads it best."""
+
+    weight: jax.Array
+
+
+def out_in(w: jax.Array, n_in: int) -> OutIn:
+    """``w[*in, *out]`` (its first ``n_in`` dims contracted) as an ``OutIn`` ``[*out, *in]``."""
+    return OutIn(jnp.transpose(w, tuple(range(n_in, w.ndim)) + tuple(range(n_in))))
+
+
+def project(spec: str, x: jax.Array, w: jax.Array | OutIn) -> jax.Array:
+    """``einsum(spec, x, w)`` for a projection whose contracted dims end x and start w.
+
+    An ``OutIn`` weight is multiplied by ``few_rows_matmul`` where
+    ``few_rows_path`` (a CPU decode step), else by the same einsum over its
+    transposed dims; the result is laid out as ``spec`` says either way.
+    """
+    if not isinstance(w, OutIn):
+        return jnp.einsum(spec, x, w)
+    x_dims, rest = spec.split(",")
+    w_dims, out_dims = rest.split("->")
+    n_in = sum(d in x_dims for d in w_dims)
+    w_in, w_out, lead = w_dims[:n_in], w_dims[n_in:], x_dims[: len(x_dims) - n_in]
+    out_shape, lead_shape = w.weight.shape[: len(w_out)], x.shape[: len(lead)]
+    rows = math.prod(lead_shape)
+    if not few_rows_path(rows):
+        return jnp.einsum(f"{x_dims},{w_out}{w_in}->{out_dims}", x, w.weight)
+    y = few_rows_matmul(x.reshape(rows, -1), w.weight.reshape(math.prod(out_shape), -1)).astype(x.dtype)
+    return jnp.einsum(f"{lead}{w_out}->{out_dims}", y.reshape(*lead_shape, *out_shape))
 
 
 def unembed(hidden_btd: jax.Array, params: dict, tied: bool) -> jax.Array:

@@ -37,8 +37,7 @@ delta-rule state is left exactly as it was), and are masked as attention keys.
 
 from __future__ import annotations
 
-import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -230,12 +229,6 @@ def cache_axes(config: Config) -> dict:
 # --------------------------------------------------------------------------- forward
 
 
-class _OutIn(NamedTuple):
-    """A projection weight stored output dims first (``[*out, *in]``): see ``_decode_blocks``."""
-
-    weight: jax.Array
-
-
 # Input dims (leading, in the einsum name) of every projection weight.
 _PROJ_IN = {
     "qkv_proj_dc": 1, "z_proj_dmu": 1, "b_proj_dm": 1, "a_proj_dm": 1, "out_proj_mud": 2, "q_gate_proj_dnxh": 1,
@@ -244,44 +237,20 @@ _PROJ_IN = {
 }
 
 
-def _proj(spec: str, x: jax.Array, w: jax.Array | _OutIn) -> jax.Array:
-    """``einsum(spec, x, w)`` for a projection whose contracted dims end x and start w.
-
-    An ``_OutIn`` weight (``w[*out, *in]``, a CPU decode step) is multiplied
-    by ``layers.few_rows_matmul`` (by a dot under a mesh or for many rows)
-    and the small [B·T, ·] output is laid out as ``spec`` says.
-    """
-    if not isinstance(w, _OutIn):
-        return jnp.einsum(spec, x, w)
-    x_dims, rest = spec.split(",")
-    w_dims, out_dims = rest.split("->")
-    n_in = sum(d in x_dims for d in w_dims)
-    w_in, w_out, lead = w_dims[:n_in], w_dims[n_in:], x_dims[: len(x_dims) - n_in]
-    out_shape, lead_shape = w.weight.shape[: len(w_out)], x.shape[: len(lead)]
-    if not L.few_rows_path(math.prod(lead_shape)):
-        y = jnp.einsum(f"{x_dims},{w_out}{w_in}->{w_out}{lead}", x, w.weight)
-        return jnp.einsum(f"{w_out}{lead}->{out_dims}", y)
-    k = x.size // math.prod(lead_shape)
-    y = L.few_rows_matmul(x.reshape(-1, k), w.weight.reshape(-1, k)).astype(x.dtype)
-    return jnp.einsum(f"{lead}{w_out}->{out_dims}", y.reshape(*lead_shape, *out_shape))
-
-
-def _out_in(name: str, w: jax.Array) -> jax.Array | _OutIn:
+def _out_in(name: str, w: jax.Array) -> jax.Array | L.OutIn:
     n_in = _PROJ_IN.get(name)
-    if n_in is None:
-        return w
-    return _OutIn(jnp.transpose(w, tuple(range(n_in, w.ndim)) + tuple(range(n_in))))
+    return w if n_in is None else L.out_in(w, n_in)
 
 
 def _mlp(lp: dict, h_btd: jax.Array) -> jax.Array:
-    """SwiGLU MLP (``layers.swiglu``), through ``_proj`` so that decode-layout weights work too."""
+    """SwiGLU MLP (``layers.swiglu``), through ``layers.project`` so that decode-layout weights work too."""
     if "gate_up_proj_dxf" in lp:  # decode layout: gate and up stacked, one matmul
-        gate_up_btxf = _proj("btd,dxf->btxf", h_btd, lp["gate_up_proj_dxf"])
+        gate_up_btxf = L.project("btd,dxf->btxf", h_btd, lp["gate_up_proj_dxf"])
         gate_btf, up_btf = gate_up_btxf[:, :, 0], gate_up_btxf[:, :, 1]
     else:
-        gate_btf = _proj("btd,df->btf", h_btd, lp["gate_proj_df"])
-        up_btf = _proj("btd,df->btf", h_btd, lp["up_proj_df"])
-    return _proj("btf,fd->btd", jax.nn.silu(gate_btf) * up_btf, lp["down_proj_fd"])
+        gate_btf = L.project("btd,df->btf", h_btd, lp["gate_proj_df"])
+        up_btf = L.project("btd,df->btf", h_btd, lp["up_proj_df"])
+    return L.project("btf,fd->btd", jax.nn.silu(gate_btf) * up_btf, lp["down_proj_fd"])
 
 
 def _linear_attention(lp: dict, c: Config, h_btd: jax.Array, valid: jax.Array, cache: dict | None):
@@ -290,14 +259,14 @@ def _linear_attention(lp: dict, c: Config, h_btd: jax.Array, valid: jax.Array, c
     j, e = c.linear_num_key_heads, c.linear_key_head_dim
     m, u = c.linear_num_value_heads, c.linear_value_head_dim
     if "in_proj_dx" in lp:  # decode layout: q|k|v, z, b and a stacked, one product
-        x_btx = _proj("btd,dx->btx", h_btd, lp["in_proj_dx"])
+        x_btx = L.project("btd,dx->btx", h_btd, lp["in_proj_dx"])
         mixed_btc, z_btx, b_btm, a_btm = jnp.split(x_btx, np.cumsum([c.conv_dim, m * u, m]), axis=-1)
         z_btmu = z_btx.reshape(b, t, m, u)
     else:
-        mixed_btc = _proj("btd,dc->btc", h_btd, lp["qkv_proj_dc"])
-        z_btmu = _proj("btd,dmu->btmu", h_btd, lp["z_proj_dmu"])
-        b_btm = _proj("btd,dm->btm", h_btd, lp["b_proj_dm"])
-        a_btm = _proj("btd,dm->btm", h_btd, lp["a_proj_dm"])
+        mixed_btc = L.project("btd,dc->btc", h_btd, lp["qkv_proj_dc"])
+        z_btmu = L.project("btd,dmu->btmu", h_btd, lp["z_proj_dmu"])
+        b_btm = L.project("btd,dm->btm", h_btd, lp["b_proj_dm"])
+        a_btm = L.project("btd,dm->btm", h_btd, lp["a_proj_dm"])
     b_btm, a_btm = b_btm.astype(jnp.float32), a_btm.astype(jnp.float32)
     conv_state = None if cache is None else cache["conv"]
     mixed_btc, new_conv = gdn.causal_conv1d(mixed_btc, lp["conv_wc"], conv_state, valid)
@@ -321,7 +290,7 @@ def _linear_attention(lp: dict, c: Config, h_btd: jax.Array, valid: jax.Array, c
     o_btmu = L.rms_norm(o_btmu.astype(jnp.float32), lp["out_norm_u"], c.rms_norm_eps) * jax.nn.silu(
         z_btmu.astype(jnp.float32)
     )
-    out_btd = _proj("btmu,mud->btd", o_btmu.astype(h_btd.dtype), lp["out_proj_mud"])
+    out_btd = L.project("btmu,mud->btd", o_btmu.astype(h_btd.dtype), lp["out_proj_mud"])
     new_cache = None if cache is None else {"conv": new_conv.astype(cache["conv"].dtype), "state": new_state}
     return out_btd, new_cache
 
@@ -331,13 +300,13 @@ def _full_attention(lp: dict, c: Config, h_btd: jax.Array, ctx: dict, cache: dic
     b, t, _ = h_btd.shape
     n, k, h = c.num_heads, c.num_kv_heads, c.head_dim
     if "qkv_gate_proj_dx" in lp:  # decode layout: q|gate, k and v stacked, one product
-        x_btx = _proj("btd,dx->btx", h_btd, lp["qkv_gate_proj_dx"])
+        x_btx = L.project("btd,dx->btx", h_btd, lp["qkv_gate_proj_dx"])
         qg_btx, k_btx, v_btx = jnp.split(x_btx, np.cumsum([n * 2 * h, k * h]), axis=-1)
         qg_btnxh, k_btkh, v_btkh = qg_btx.reshape(b, t, n, 2, h), k_btx.reshape(b, t, k, h), v_btx.reshape(b, t, k, h)
     else:
-        qg_btnxh = _proj("btd,dnxh->btnxh", h_btd, lp["q_gate_proj_dnxh"])
-        k_btkh = _proj("btd,dkh->btkh", h_btd, lp["k_proj_dkh"])
-        v_btkh = _proj("btd,dkh->btkh", h_btd, lp["v_proj_dkh"])
+        qg_btnxh = L.project("btd,dnxh->btnxh", h_btd, lp["q_gate_proj_dnxh"])
+        k_btkh = L.project("btd,dkh->btkh", h_btd, lp["k_proj_dkh"])
+        v_btkh = L.project("btd,dkh->btkh", h_btd, lp["v_proj_dkh"])
     q_btnh, gate_btnh = qg_btnxh[..., 0, :], qg_btnxh[..., 1, :]
     norm = lambda x, w: L.rms_norm(x, w, c.rms_norm_eps, offset=1.0)
     q_btnh = L.apply_rope(norm(q_btnh, lp["q_norm_h"]), ctx["positions"], c.rope_theta, c.rotary_dim)
@@ -356,7 +325,7 @@ def _full_attention(lp: dict, c: Config, h_btd: jax.Array, ctx: dict, cache: dic
     else:
         attn_btnh = blocked_causal_attention(q_btnh, keys, values, key_valid, scale, q_offset=ctx["index"])
     attn_btnh = attn_btnh * jax.nn.sigmoid(gate_btnh.astype(jnp.float32)).astype(attn_btnh.dtype)
-    return _proj("btnh,nhd->btd", attn_btnh, lp["o_proj_nhd"]), new_cache
+    return L.project("btnh,nhd->btd", attn_btnh, lp["o_proj_nhd"]), new_cache
 
 
 def _decoder_layer(kind: str, lp: dict, c: Config, x_btd: jax.Array, ctx: dict, cache: dict | None):
@@ -400,11 +369,11 @@ def _decode_blocks(block_params: dict, block_cache: dict, c: Config, x_btd: jax.
     Unrolled, each repeat's weights are static slices; behind an
     ``optimization_barrier`` (an identity) XLA hoists them out of the loop,
     so they are cut once per sampler call. They are cut output dims first
-    (``_OutIn``), and projections that read the same input are stacked
+    (``layers.OutIn``), and projections that read the same input are stacked
     (``_stack_inputs``): at M = B·T = 8 rows XLA's CPU matmul streams a
     ``[out, in]`` left operand about twice as fast as an ``[in, out]`` right
-    one, a row reduction (``layers.few_rows_matmul``, what ``_proj`` takes
-    off a mesh) faster still, and one product beats several. Measured on the
+    one, a row reduction (``layers.few_rows_matmul``, what ``layers.project``
+    takes off a mesh) faster still, and one product beats several. Measured on the
     benchmark model (8 rows, 2 x (3 linear + 1 full)): 37 ms a step with the
     scan, 28 ms with hoisted slices, 19 ms transposed; on a later day, 25.6
     ms before and 18.7 ms after the stacked row reductions (and
