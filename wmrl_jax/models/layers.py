@@ -181,6 +181,13 @@ def swiglu_fused(x: jax.Array, gate_up_dx, down_fd) -> jax.Array:
     return project("btf,fd->btd", jax.nn.silu(gate_btf) * up_btf, down_fd)
 
 
+def mlp(x: jax.Array, lp: dict) -> jax.Array:
+    """A layer's SwiGLU MLP: ``swiglu_fused`` where gate|up is stacked (``gate_up_proj_dx``), else ``swiglu``."""
+    if "gate_up_proj_dx" in lp:
+        return swiglu_fused(x, lp["gate_up_proj_dx"], lp["down_proj_fd"])
+    return swiglu(x, lp["gate_proj_df"], lp["up_proj_df"], lp["down_proj_fd"])
+
+
 # Up to this many rows a row reduction beats XLA:CPU's dot (the 32000 x 512
 # unembedding in a decode loop: 9.9 vs 13.3 ms at 32 rows, 21.6 vs 20.4 at 64).
 FEW_ROWS = 32

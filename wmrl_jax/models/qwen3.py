@@ -290,12 +290,6 @@ def _project_qkv(h_btd: jax.Array, lp: Params, c: Config) -> tuple[jax.Array, ja
     return q.reshape(batch, length, n, h), k_.reshape(batch, length, k, h), v.reshape(batch, length, k, h)
 
 
-def _mlp(h_btd: jax.Array, lp: Params) -> jax.Array:
-    if "gate_up_proj_dx" in lp:
-        return L.swiglu_fused(h_btd, lp["gate_up_proj_dx"], lp["down_proj_fd"])
-    return L.swiglu(h_btd, lp["gate_proj_df"], lp["up_proj_df"], lp["down_proj_fd"])
-
-
 def forward(
     params: Params,
     config: Config,
@@ -328,7 +322,7 @@ def forward(
         x_btd = x_btd + L.project("btx,xd->btd", attn_btnh.reshape(*attn_btnh.shape[:2], -1), o_xd)
         x_btd = constrain(x_btd, ("batch", "length", "embed"))
         h_btd = L.rms_norm(x_btd, lp["mlp_norm_d"], c.rms_norm_eps)
-        x_btd = x_btd + _mlp(h_btd, lp)
+        x_btd = x_btd + L.mlp(h_btd, lp)
         return constrain(x_btd, ("batch", "length", "embed")), kv_state
 
     def fresh_attend(q, k, v):

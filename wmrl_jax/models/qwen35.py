@@ -232,7 +232,7 @@ def cache_axes(config: Config) -> dict:
 # Input dims (leading, in the einsum name) of every projection weight.
 _PROJ_IN = {
     "qkv_proj_dc": 1, "z_proj_dmu": 1, "b_proj_dm": 1, "a_proj_dm": 1, "out_proj_mud": 2, "q_gate_proj_dnxh": 1,
-    "k_proj_dkh": 1, "v_proj_dkh": 1, "o_proj_nhd": 2, "gate_proj_df": 1, "up_proj_df": 1, "gate_up_proj_dxf": 1,
+    "k_proj_dkh": 1, "v_proj_dkh": 1, "o_proj_nhd": 2, "gate_proj_df": 1, "up_proj_df": 1, "gate_up_proj_dx": 1,
     "down_proj_fd": 1, "in_proj_dx": 1, "qkv_gate_proj_dx": 1,
 }
 
@@ -240,17 +240,6 @@ _PROJ_IN = {
 def _out_in(name: str, w: jax.Array) -> jax.Array | L.OutIn:
     n_in = _PROJ_IN.get(name)
     return w if n_in is None else L.out_in(w, n_in)
-
-
-def _mlp(lp: dict, h_btd: jax.Array) -> jax.Array:
-    """SwiGLU MLP (``layers.swiglu``), through ``layers.project`` so that decode-layout weights work too."""
-    if "gate_up_proj_dxf" in lp:  # decode layout: gate and up stacked, one matmul
-        gate_up_btxf = L.project("btd,dxf->btxf", h_btd, lp["gate_up_proj_dxf"])
-        gate_btf, up_btf = gate_up_btxf[:, :, 0], gate_up_btxf[:, :, 1]
-    else:
-        gate_btf = L.project("btd,df->btf", h_btd, lp["gate_proj_df"])
-        up_btf = L.project("btd,df->btf", h_btd, lp["up_proj_df"])
-    return L.project("btf,fd->btd", jax.nn.silu(gate_btf) * up_btf, lp["down_proj_fd"])
 
 
 def _linear_attention(lp: dict, c: Config, h_btd: jax.Array, valid: jax.Array, cache: dict | None):
@@ -336,7 +325,7 @@ def _decoder_layer(kind: str, lp: dict, c: Config, x_btd: jax.Array, ctx: dict, 
         mixed_btd, new_cache = _linear_attention(lp, c, h_btd, ctx["valid"], cache)
     x_btd = constrain(x_btd + mixed_btd, ("batch", "length", "embed"))
     h_btd = L.rms_norm(x_btd, lp["mlp_norm_d"], c.rms_norm_eps, offset=1.0)
-    x_btd = x_btd + _mlp(lp, h_btd)
+    x_btd = x_btd + L.mlp(h_btd, lp)
     return constrain(x_btd, ("batch", "length", "embed")), new_cache
 
 
@@ -349,9 +338,9 @@ _STACKED_INPUTS = {
 
 
 def _stack_inputs(layer: dict) -> dict:
-    """One layer's weights with ``_STACKED_INPUTS`` and gate|up (``gate_up_proj_dxf``) stacked."""
+    """One layer's weights with ``_STACKED_INPUTS`` and gate|up stacked (``gate_up_proj_dx``, for ``layers.mlp``)."""
     layer = dict(layer)
-    layer["gate_up_proj_dxf"] = jnp.stack([layer.pop("gate_proj_df"), layer.pop("up_proj_df")], axis=1)
+    layer["gate_up_proj_dx"] = jnp.concatenate([layer.pop("gate_proj_df"), layer.pop("up_proj_df")], axis=1)
     for stacked, names in _STACKED_INPUTS.items():
         if names[0] in layer:
             parts = [layer.pop(name) for name in names]
