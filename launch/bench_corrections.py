@@ -76,9 +76,8 @@ def _null_step(state, wm_rewards, wm_graded, real_rewards, real_graded, is_ancho
     from wmrl_jax import corrections as C
 
     _, shapes = jax.eval_shape(C.correct_step, state, wm_rewards, wm_graded, real_rewards, real_graded, is_anchor)
-    out = {k: jnp.zeros(v.shape, v.dtype) for k, v in shapes.items()}
-    out["rewards"] = out["rewards"] + wm_rewards @ real_rewards
-    return state, out
+    out = jax.tree.map(lambda v: jnp.zeros(v.shape, v.dtype), shapes)
+    return state, dataclasses.replace(out, rewards=out.rewards + wm_rewards @ real_rewards)
 
 
 def bench_step(repeats: int, steps_per_repeat: int = 64):

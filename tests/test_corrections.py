@@ -265,6 +265,43 @@ def test_state_is_a_checkpointable_pytree_and_stats_are_the_four_numbers():
     assert float(stats["anchor_weight"]) == 1.0 and not bool(stats["calibrated"])
 
 
+def test_step_output_reads_as_the_documented_dict_by_name_dtype_and_value():
+    """`out` is a mapping over few packed leaves; every key reads back as the
+    value it packs (checked against the state it came with), in its dtype,
+    inside a jit, after device_get, and stacked by a scan."""
+    rng = np.random.default_rng(3)
+    stream = list(_stream(3, 40))
+    state = C.init_correction_state(**SMALL)
+    for args in stream[:-1]:
+        state, out = STEP(state, *args, standardize=True)
+    keys = ("rewards", "graded", "advantages", "used", "anchor_weight", "calibrated", "n_fits",
+            "bias_before", "bias_after", "bias_reduction", "disagreement", "pairs_in_buffer",
+            "anchor_fraction")
+    assert tuple(out) == keys and len(out) == len(keys) and set(dict(out)) == set(keys)
+    assert len(jax.tree.leaves(out)) == 6  # four [N, G]/[N] arrays, the float and int diagnostics
+    host = jax.device_get(out)
+    assert isinstance(host, C.StepOutput) and isinstance(host["n_fits"], np.integer | np.ndarray)
+    want = dict(calibrated=state.valid, n_fits=state.n_fits, bias_before=state.bias_before,
+                bias_after=state.bias_after, bias_reduction=state.bias_reduction,
+                disagreement=state.ewma, pairs_in_buffer=state.buf_len,
+                anchor_weight=C.anchor_weight(state),
+                anchor_fraction=state.n_anchor_seen / state.n_groups_seen)
+    assert int(state.n_fits) >= 1 and bool(state.valid)
+    for k, v in want.items():
+        for o in (out, host):
+            assert np.asarray(o[k]).dtype == np.asarray(v).dtype, k
+            np.testing.assert_allclose(np.asarray(o[k]), np.asarray(v), rtol=1e-6, err_msg=k)
+    assert np.asarray(out["calibrated"]).dtype == np.bool_ and np.asarray(out["n_fits"]).dtype == np.int32
+    with pytest.raises(KeyError, match="expected one of"):
+        out["weight"]
+    # Inside a jit the mapping is just as readable, and a scan stacks it.
+    xs = tuple(jnp.stack(a) for a in zip(*stream[-3:]))
+    _, outs = jax.jit(lambda s, xs: jax.lax.scan(lambda c, x: C.correct_step(c, *x), s, xs))(state, xs)
+    assert outs["n_fits"].shape == (3,) and outs["rewards"].shape == (3, *stream[0][0].shape)
+    last = jax.jit(lambda s, a: C.correct_step(s, *a)[1]["n_fits"] + 0)(state, stream[-1])
+    assert int(last) == int(outs["n_fits"][0])
+
+
 # Last in the file: leaving the x64 context drops jit caches, so the float32
 # tests above would otherwise compile twice.
 def test_correct_step_matches_reference_in_float64():

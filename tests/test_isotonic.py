@@ -130,3 +130,22 @@ def test_exact_fit_in_float64():
         assert fitted.knots_y.dtype == jnp.float64
         got = np.asarray(got)
     np.testing.assert_allclose(got, _sklearn(x, y, w, mask, x), atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("k", [1, 2, 10, 64, 65])
+def test_interpolate_matches_np_interp(k):
+    """Both interpolation paths (<= 64 knots: per-segment slopes and
+    comparisons; more: searchsorted) against np.interp, for every count of
+    used knots, with queries on the knots, between them and beyond both ends."""
+    from wmrl_jax._isotonic import MonotoneMap, interpolate
+
+    rng = np.random.default_rng(k)
+    interp = jax.jit(interpolate)
+    for n in sorted({1, 2, 3, k // 2, k - 1, k} & set(range(1, k + 1))):
+        kx = np.sort(rng.uniform(0, 1, k)).astype(np.float32)
+        ky = np.sort(rng.normal(0, 1, k)).astype(np.float32)
+        kx[n:], ky[n:] = 0.0, 0.0  # padding past the used knots, as the fits leave it
+        xq = np.concatenate([kx[:n], rng.uniform(-0.3, 1.3, 200), [-1.0, 2.0]]).astype(np.float32)
+        got = np.asarray(interp(MonotoneMap(jnp.asarray(kx), jnp.asarray(ky), jnp.int32(n), jnp.bool_(True)), xq))
+        want = np.interp(xq.astype(np.float64), kx[:n].astype(np.float64), ky[:n].astype(np.float64))
+        np.testing.assert_allclose(got, want, atol=2e-6, rtol=0, err_msg=f"k={k} n={n}")

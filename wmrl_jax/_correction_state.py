@@ -15,6 +15,7 @@ but the ring buffer, unpacked (one value each, so XLA sees plain scalars);
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import functools
 
@@ -225,3 +226,91 @@ def init_correction_state(
         scalars=jnp.asarray([settings.get(n, 0.0) for n in SCALARS], dtype),
         config=config,
     )
+
+
+# ----------------------------------------------------------------- step output
+# What correct_step returns besides the state. Packed for the same reason as
+# the state: each output leaf of a jitted call costs a few microseconds to
+# hand back, and thirteen of them (nine scalars) cost more than the step's
+# arithmetic. So the nine scalar diagnostics travel as two small vectors and
+# read back by name.
+STEP_FLOATS = (
+    "anchor_weight",  # the anchor groups' advantage weight this step
+    "bias_before",  # the last successful refit's diagnostics, on its buffer
+    "bias_after",
+    "bias_reduction",
+    "disagreement",  # the disagreement EWMA
+    "anchor_fraction",  # realised share of groups executed for real, over the run
+)
+STEP_INTS = (
+    "calibrated",  # bool: the map is fitted (else WM scores pass unchanged)
+    "n_fits",  # successful refits so far
+    "pairs_in_buffer",  # pairs the debiaser holds
+)
+STEP_ARRAYS = ("rewards", "graded", "advantages", "used")
+# The order a reader meets them in (correct_step's docstring).
+STEP_KEYS = (*STEP_ARRAYS, "anchor_weight", "calibrated", "n_fits", "bias_before", "bias_after",
+             "bias_reduction", "disagreement", "pairs_in_buffer", "anchor_fraction")
+assert sorted(STEP_KEYS) == sorted((*STEP_ARRAYS, *STEP_FLOATS, *STEP_INTS))
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["rewards", "graded", "advantages", "used", "floats", "ints"],
+    meta_fields=[],
+)
+@dataclasses.dataclass(frozen=True)
+class StepOutput(collections.abc.Mapping):
+    """``correct_step``'s outputs: a read-only mapping over six packed leaves.
+
+    Reads like the dict it stands for -- ``out["advantages"]``,
+    ``out["n_fits"]``, ``dict(out)``, ``out.items()`` -- with keys
+    ``STEP_KEYS``; ``calibrated`` reads as bool and ``n_fits`` /
+    ``pairs_in_buffer`` as int32. As a pytree its leaves are the packed arrays
+    (``jax.device_get(out)`` is one transfer of six arrays, and a scan stacks
+    them). Reading a diagnostic slices ``floats`` / ``ints``: free inside a
+    jit, an indexing of numpy arrays after ``device_get``.
+
+    Attributes:
+        rewards: float[N, G]; graded: bool[N, G]; advantages: float[N, G];
+        used: bool[N].
+        floats: float[..., len(STEP_FLOATS)], ints: int32[..., len(STEP_INTS)].
+    """
+
+    rewards: Array
+    graded: Array
+    advantages: Array
+    used: Array
+    floats: Array
+    ints: Array
+
+    def __getitem__(self, key: str):
+        if key in STEP_ARRAYS:
+            return getattr(self, key)
+        if key in _FLOAT_INDEX:
+            return self.floats[..., _FLOAT_INDEX[key]]
+        if key in _INT_INDEX:
+            v = self.ints[..., _INT_INDEX[key]]
+            return v.astype(bool) if key == "calibrated" else v
+        raise KeyError(f"{key!r}: not an output of correct_step; expected one of {STEP_KEYS}")
+
+    def __iter__(self):
+        return iter(STEP_KEYS)
+
+    def __len__(self) -> int:
+        return len(STEP_KEYS)
+
+
+_FLOAT_INDEX = {k: i for i, k in enumerate(STEP_FLOATS)}
+_INT_INDEX = {k: i for i, k in enumerate(STEP_INTS)}
+
+
+def step_output(rewards, graded, advantages, used, **diagnostics) -> StepOutput:
+    """Pack ``correct_step``'s outputs (diagnostics by name, every one of
+    ``STEP_FLOATS`` and ``STEP_INTS``; floats take ``rewards``' dtype)."""
+    missing = set(STEP_FLOATS + STEP_INTS) ^ set(diagnostics)
+    if missing:
+        raise ValueError(f"step_output: diagnostics {sorted(missing)} missing or unexpected")
+    floats = jnp.stack([jnp.asarray(diagnostics[k]).astype(rewards.dtype) for k in STEP_FLOATS])
+    ints = jnp.stack([jnp.asarray(diagnostics[k]).astype(jnp.int32) for k in STEP_INTS])
+    return StepOutput(rewards, graded, advantages, used, floats, ints)

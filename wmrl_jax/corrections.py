@@ -45,8 +45,10 @@ from wmrl_jax._correction_state import (
     CorrectionConfig,
     CorrectionState,
     Fields,
+    StepOutput,
     init_correction_state,
     pack,
+    step_output,
     unpack,
 )
 from wmrl_jax._isotonic import (
@@ -74,6 +76,7 @@ __all__ = [
     "CorrectionState",
     "init_correction_state",
     "correct_step",
+    "StepOutput",
     "correction_stats",
     "anchor_weight",
     "select_anchor_groups",
@@ -236,9 +239,11 @@ def _push_and_calibrate(st: Fields, buffer: Array, xy: Array, pair: Array, wm: A
         pair: bool[N, G], rollouts pushed as pairs; wm: float[N, G].
 
     Returns:
-        (state, buffer, calibrated float[N, G]): group i calibrated by the map
-        after all refits up to its last pair (for a group without pairs: the
-        map at its turn).
+        (state, calibrated float[N, G]): group i calibrated by the map after
+        all refits up to its last pair (for a group without pairs: the map at
+        its turn). The buffer the refits saw is dropped: the step's pairs land
+        where ``_advance`` of the whole step puts them, so the caller writes
+        them all at once, in place.
     """
     n, g = pair.shape
     sel = pair.reshape(-1)
@@ -262,10 +267,10 @@ def _push_and_calibrate(st: Fields, buffer: Array, xy: Array, pair: Array, wm: A
         buffer = _scatter(buffer, slot, xy)
         return _refit(st, buffer), buffer, k, cal
 
-    st, buffer, p0, cal = lax.while_loop(due, body, (st, buffer, jnp.int32(0), wm))
+    st, _, p0, cal = lax.while_loop(due, body, (st, buffer, jnp.int32(0), wm))
     cal = calibrate(st, p0, cal)
-    st, slot = _advance(st, sel & (ordinal > p0))
-    return st, _scatter(buffer, slot, xy), cal
+    st, _ = _advance(st, sel & (ordinal > p0))
+    return st, cal
 
 
 def _ewma_update(ewma, n_obs, c, c_set, alpha, warmup, target_weight, s2, do):
@@ -348,7 +353,10 @@ def correct_step(
         ``advantages`` float[N, G], ``used`` bool[N], ``anchor_weight``, and
         diagnostics ``calibrated``, ``n_fits``, ``bias_before``, ``bias_after``,
         ``bias_reduction``, ``disagreement`` (EWMA), ``pairs_in_buffer``,
-        ``anchor_fraction`` (realised, over the run).
+        ``anchor_fraction`` (realised, over the run). ``out`` is a
+        :class:`StepOutput`: it reads as that dict (``out["n_fits"]``,
+        ``dict(out)``) while its pytree is six packed arrays, which a jitted
+        call hands back far faster than thirteen.
     """
     wm_rewards = jnp.asarray(wm_rewards)
     if wm_rewards.ndim != 2:
@@ -395,41 +403,35 @@ def correct_step(
             centred, _ = group_advantages(rewards, graded, is_anchor, weight, eps=eps,
                                           min_graded=min_graded, standardize=False)
             adv = jnp.where(standardize, adv, centred)
-        out = dict(rewards=rewards, graded=graded, advantages=adv, used=used, anchor_weight=weight)
-        out.update(_diagnostics(st))
+        out = step_output(rewards, graded, adv, used, anchor_weight=weight, **_diagnostics(st))
         return pack(st), out
 
     def xy_pairs():
         wm, real, _, _, pair = inputs()
         return jnp.stack([wm.reshape(-1), real.reshape(-1)]), pair
 
-    def small_part():
-        # No refit this step: one map for all groups, the step vectorises.
-        wm, _, _, _, pair = inputs()
-        st, slot = _advance(unpack(state), pair.reshape(-1))
-        return finish(st, apply_calibration(st.fitted, wm)), slot
-
-    def in_order(_):
+    def no_refit():
+        # One map for all groups: the step vectorises.
         xy, pair = xy_pairs()
-        st, buffer, calibrated = _push_and_calibrate(unpack(state), state.buffer, xy, pair,
-                                                     xy[0].reshape(pair.shape))
-        return buffer, finish(st, calibrated)
+        st, slot = _advance(unpack(state), pair.reshape(-1))
+        return finish(st, apply_calibration(st.fitted, xy[0].reshape(pair.shape))), slot, xy
 
-    def write_pairs(small):
-        (packed, out), slot = small
-        return _scatter(state.buffer, slot, xy_pairs()[0]), (packed, out)
+    def in_order():
+        xy, pair = xy_pairs()
+        st, calibrated = _push_and_calibrate(unpack(state), state.buffer, xy, pair, xy[0].reshape(pair.shape))
+        # Where the pairs land follows from the counters before the step.
+        _, slot = _advance(unpack(state), pair.reshape(-1))
+        return finish(st, calibrated), slot, xy
 
-    # Why two conditionals on the same predicate: XLA:CPU runs a program's
-    # operations one after another only where they number <= 8 or all touch
-    # <= 512 bytes; otherwise it hands them to its thread pool, which costs
-    # more per call than this step's [N, G] arithmetic (measured ~2x the
-    # per-call time). So the common step is split into the [N, G]-sized part
-    # and the one scatter into the ring buffer, and the top level is 2 ops.
+    # The top level is the predicate, one conditional and one scatter of the
+    # step's pairs into the donated ring buffer (in place: no copy of it per
+    # call). XLA:CPU runs a program's operations one after another, without
+    # its dependency-tracking executor, only where they number <= 8 or all
+    # touch <= 512 bytes; a refit-capable step is far above both inside the
+    # branches, so what stays at the top is kept to these few.
     refit = _pushes_to_refit(unpack(state)) <= inputs()[-1].sum()
-    shapes = jax.eval_shape(small_part)
-    small = lax.cond(refit, lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes),
-                     small_part)
-    buffer, ((knots, counters, scalars), out) = lax.cond(refit, in_order, write_pairs, small)
+    ((knots, counters, scalars), out), slot, xy = lax.cond(refit, in_order, no_refit)
+    buffer = _scatter(state.buffer, slot, xy)
     return CorrectionState(buffer, knots, counters, scalars, state.config), out
 
 
