@@ -133,10 +133,17 @@ def _interpolate_few(kx, ky, n, x):
     and no gathers, which on CPU cost more than the arithmetic.
     """
     out = jnp.broadcast_to(ky[0], x.shape)
+    if kx.shape[0] == 1:
+        return out
     last = jnp.maximum(n - 2, 0)  # the last used segment
-    for i in range(max(kx.shape[0] - 1, 1)):
-        j = min(i + 1, kx.shape[0] - 1)
-        seg = _segment(kx[i], kx[j], ky[i], ky[j], n, x)
+    # Each segment's 1 / dx once, as one vector (per-segment scalar divisions
+    # would each be an XLA op of their own).
+    dx = kx[1:] - kx[:-1]
+    ok = (n >= 2) & (dx > 0)
+    inv = 1.0 / jnp.where(ok, dx, 1.0)
+    for i in range(kx.shape[0] - 1):
+        t = jnp.clip((x - kx[i]) * inv[i], 0.0, 1.0)
+        seg = jnp.where(ok[i], ky[i] + t * (ky[i + 1] - ky[i]), ky[i])
         out = jnp.where((i <= last) & ((x >= kx[i]) | (i == 0)), seg, out)
     return out
 

@@ -273,29 +273,33 @@ def _push_and_calibrate(st: Fields, buffer: Array, xy: Array, pair: Array, wm: A
     return st, cal
 
 
-def _ewma_update(ewma, n_obs, c, c_set, alpha, warmup, target_weight, s2, do):
-    """Fold one group's disagreement into the EWMA; fix c once after warm-up."""
+def _ewma_update(ewma, n_obs, c_set, fix_at, alpha, warmup, s2, do):
+    """Fold one group's disagreement into the EWMA; mark where c gets fixed.
+
+    ``fix_at`` is the EWMA at the moment c is fixed (c itself, one division,
+    is computed after all groups: see ``_observe_many``).
+    """
     new = jnp.where(n_obs == 0, s2, (1.0 - alpha) * ewma + alpha * s2)
     ewma = jnp.where(do, new, ewma)
     n_obs = n_obs + do.astype(jnp.int32)
     fix = do & ~c_set & (n_obs >= warmup) & (ewma > _EWMA_FLOOR)
-    c = jnp.where(fix, (target_weight - 1.0) / jnp.where(fix, ewma, 1.0), c)
-    return ewma, n_obs, c, c_set | fix
-
-
-_EWMA_KEYS = ("ewma", "n_obs", "c", "c_set")
+    return ewma, n_obs, c_set | fix, jnp.where(fix, ewma, fix_at)
 
 
 def _observe_many(st: Fields, s2: Array, do: Array) -> Fields:
-    """Fold each group's disagreement (where ``do``) into the EWMA, in order."""
-    params = (st.alpha, st.warmup, st.target_weight)
+    """Fold each group's disagreement (where ``do``) into the EWMA, in order;
+    fix c = (target_weight - 1) / EWMA once, after warm-up."""
 
     def body(carry, inp):
-        return _ewma_update(*carry, *params, *inp), None
+        return _ewma_update(*carry, st.alpha, st.warmup, *inp), None
 
     # Unrolled: N is small and static, and a loop costs more than its body.
-    carry, _ = lax.scan(body, tuple(getattr(st, k) for k in _EWMA_KEYS), (s2, do), unroll=True)
-    return dataclasses.replace(st, **dict(zip(_EWMA_KEYS, carry)))
+    # c is fixed at most once, so its division waits until after the groups.
+    init = (st.ewma, st.n_obs, st.c_set, jnp.ones_like(st.ewma))
+    (ewma, n_obs, c_set, fix_at), _ = lax.scan(body, init, (s2, do), unroll=True)
+    fixed = c_set & ~st.c_set
+    c = jnp.where(fixed, (st.target_weight - 1.0) / fix_at, st.c)
+    return dataclasses.replace(st, ewma=ewma, n_obs=n_obs, c=c, c_set=c_set)
 
 
 def anchor_weight(st: CorrectionState) -> Array:
