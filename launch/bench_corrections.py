@@ -66,7 +66,7 @@ def _null_step(state, wm_rewards, wm_graded, real_rewards, real_graded, is_ancho
 
     The state passes through (donated, aliased) and every output is a zero of
     the right shape, except that one 8 x 8 product (1 024 flops) is added to
-    ``rewards``: XLA:CPU runs a program of < 1 000 flops on the calling
+    the float outputs: XLA:CPU runs a program of < 1 000 flops on the calling
     thread and any other on its worker thread, and a step that can refit is
     far above that line, so the floor pays the same hand-off the step does.
     """
@@ -77,7 +77,7 @@ def _null_step(state, wm_rewards, wm_graded, real_rewards, real_graded, is_ancho
 
     _, shapes = jax.eval_shape(C.correct_step, state, wm_rewards, wm_graded, real_rewards, real_graded, is_anchor)
     out = jax.tree.map(lambda v: jnp.zeros(v.shape, v.dtype), shapes)
-    return state, dataclasses.replace(out, rewards=out.rewards + wm_rewards @ real_rewards)
+    return state, dataclasses.replace(out, floats=out.floats + (wm_rewards @ real_rewards).sum())
 
 
 def bench_step(repeats: int, steps_per_repeat: int = 64):

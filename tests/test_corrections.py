@@ -278,7 +278,7 @@ def test_step_output_reads_as_the_documented_dict_by_name_dtype_and_value():
             "bias_before", "bias_after", "bias_reduction", "disagreement", "pairs_in_buffer",
             "anchor_fraction")
     assert tuple(out) == keys and len(out) == len(keys) and set(dict(out)) == set(keys)
-    assert len(jax.tree.leaves(out)) == 6  # four [N, G]/[N] arrays, the float and int diagnostics
+    assert len(jax.tree.leaves(out)) == 3  # rewards and float diagnostics, advantages, the ints
     host = jax.device_get(out)
     assert isinstance(host, C.StepOutput) and isinstance(host["n_fits"], np.integer | np.ndarray)
     want = dict(calibrated=state.valid, n_fits=state.n_fits, bias_before=state.bias_before,

@@ -230,10 +230,15 @@ def init_correction_state(
 
 # ----------------------------------------------------------------- step output
 # What correct_step returns besides the state. Packed for the same reason as
-# the state: each output leaf of a jitted call costs a few microseconds to
-# hand back, and thirteen of them (nine scalars) cost more than the step's
-# arithmetic. So the nine scalar diagnostics travel as two small vectors and
-# read back by name.
+# the state, and more so: each output array of a jitted call costs ~1.5 us to
+# hand back synchronously and ~4 us with asynchronous dispatch (measured: a
+# no-op program with correct_step's inputs took 48 / 95 us returning its
+# thirteen outputs one by one, 27 / 39 us returning them as two arrays). So
+# the outputs travel as three arrays and read back by name. Why not two: at
+# paper size (8 x 8) each of the three holds <= 512 bytes, and XLA:CPU runs a
+# computation whose buffers are all that small one operation after another
+# on the calling thread; one bigger buffer would send the whole no-refit
+# step through its dependency-tracking executor (measured 2.5x slower).
 STEP_FLOATS = (
     "anchor_weight",  # the anchor groups' advantage weight this step
     "bias_before",  # the last successful refit's diagnostics, on its buffer
@@ -254,43 +259,53 @@ STEP_KEYS = (*STEP_ARRAYS, "anchor_weight", "calibrated", "n_fits", "bias_before
 assert sorted(STEP_KEYS) == sorted((*STEP_ARRAYS, *STEP_FLOATS, *STEP_INTS))
 
 
-@functools.partial(
-    jax.tree_util.register_dataclass,
-    data_fields=["rewards", "graded", "advantages", "used", "floats", "ints"],
-    meta_fields=[],
-)
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["floats", "advantages", "ints"],
+                   meta_fields=["n_groups", "group_size"])
 @dataclasses.dataclass(frozen=True)
 class StepOutput(collections.abc.Mapping):
-    """``correct_step``'s outputs: a read-only mapping over six packed leaves.
+    """``correct_step``'s outputs: a read-only mapping over three packed arrays.
 
     Reads like the dict it stands for -- ``out["advantages"]``,
     ``out["n_fits"]``, ``dict(out)``, ``out.items()`` -- with keys
-    ``STEP_KEYS``; ``calibrated`` reads as bool and ``n_fits`` /
-    ``pairs_in_buffer`` as int32. As a pytree its leaves are the packed arrays
-    (``jax.device_get(out)`` is one transfer of six arrays, and a scan stacks
-    them). Reading a diagnostic slices ``floats`` / ``ints``: free inside a
-    jit, an indexing of numpy arrays after ``device_get``.
+    ``STEP_KEYS``: ``rewards`` / ``advantages`` float[N, G], ``graded`` bool[N,
+    G], ``used`` bool[N], ``calibrated`` bool, ``n_fits`` / ``pairs_in_buffer``
+    int32, the rest floats. As a pytree its leaves are the three arrays, so a
+    scan stacks them (every key then gains the leading axis) and
+    ``jax.device_get(out)`` is one transfer of three arrays. Reading a key slices
+    them: free inside a jit, a numpy view after ``device_get``, an eager op
+    each on device arrays (so on the host, ``device_get`` first).
 
     Attributes:
-        rewards: float[N, G]; graded: bool[N, G]; advantages: float[N, G];
-        used: bool[N].
-        floats: float[..., len(STEP_FLOATS)], ints: int32[..., len(STEP_INTS)].
+        floats: float[..., N G + len(STEP_FLOATS)]: rewards, then
+            STEP_FLOATS.
+        advantages: float[..., N, G].
+        ints: int32[..., N G + N + len(STEP_INTS)]: graded, used, then
+            STEP_INTS.
+        n_groups, group_size: N and G (static).
     """
 
-    rewards: Array
-    graded: Array
-    advantages: Array
-    used: Array
     floats: Array
+    advantages: Array
     ints: Array
+    n_groups: int
+    group_size: int
 
     def __getitem__(self, key: str):
-        if key in STEP_ARRAYS:
-            return getattr(self, key)
+        n, g = self.n_groups, self.group_size
+        ng = n * g
+        lead = self.floats.shape[:-1]
+        if key == "rewards":
+            return self.floats[..., :ng].reshape(*lead, n, g)
+        if key == "advantages":
+            return self.advantages
+        if key == "graded":
+            return self.ints[..., :ng].reshape(*lead, n, g).astype(bool)
+        if key == "used":
+            return self.ints[..., ng:ng + n].astype(bool)
         if key in _FLOAT_INDEX:
-            return self.floats[..., _FLOAT_INDEX[key]]
+            return self.floats[..., ng + _FLOAT_INDEX[key]]
         if key in _INT_INDEX:
-            v = self.ints[..., _INT_INDEX[key]]
+            v = self.ints[..., ng + n + _INT_INDEX[key]]
             return v.astype(bool) if key == "calibrated" else v
         raise KeyError(f"{key!r}: not an output of correct_step; expected one of {STEP_KEYS}")
 
@@ -311,6 +326,10 @@ def step_output(rewards, graded, advantages, used, **diagnostics) -> StepOutput:
     missing = set(STEP_FLOATS + STEP_INTS) ^ set(diagnostics)
     if missing:
         raise ValueError(f"step_output: diagnostics {sorted(missing)} missing or unexpected")
-    floats = jnp.stack([jnp.asarray(diagnostics[k]).astype(rewards.dtype) for k in STEP_FLOATS])
-    ints = jnp.stack([jnp.asarray(diagnostics[k]).astype(jnp.int32) for k in STEP_INTS])
-    return StepOutput(rewards, graded, advantages, used, floats, ints)
+    n, g = rewards.shape
+    dtype = rewards.dtype
+    floats = jnp.concatenate([rewards.reshape(-1),
+                              jnp.stack([jnp.asarray(diagnostics[k]).astype(dtype) for k in STEP_FLOATS])])
+    ints = jnp.concatenate([graded.reshape(-1).astype(jnp.int32), used.astype(jnp.int32),
+                            jnp.stack([jnp.asarray(diagnostics[k]).astype(jnp.int32) for k in STEP_INTS])])
+    return StepOutput(floats, advantages.astype(dtype), ints, n, g)

@@ -359,7 +359,7 @@ def correct_step(
         ``bias_reduction``, ``disagreement`` (EWMA), ``pairs_in_buffer``,
         ``anchor_fraction`` (realised, over the run). ``out`` is a
         :class:`StepOutput`: it reads as that dict (``out["n_fits"]``,
-        ``dict(out)``) while its pytree is six packed arrays, which a jitted
+        ``dict(out)``) while its pytree is three packed arrays, which a jitted
         call hands back far faster than thirteen.
     """
     wm_rewards = jnp.asarray(wm_rewards)
