@@ -149,3 +149,25 @@ def test_interpolate_matches_np_interp(k):
         got = np.asarray(interp(MonotoneMap(jnp.asarray(kx), jnp.asarray(ky), jnp.int32(n), jnp.bool_(True)), xq))
         want = np.interp(xq.astype(np.float64), kx[:n].astype(np.float64), ky[:n].astype(np.float64))
         np.testing.assert_allclose(got, want, atol=2e-6, rtol=0, err_msg=f"k={k} n={n}")
+
+
+def test_exact_fit_sorts_negative_zero_and_large_magnitudes_exactly():
+    """The fit sorts x as integers: negatives, -0.0 == +0.0 (one tie) and
+    magnitudes far apart must order and pool exactly as floats do. Peer:
+    scipy's PAV on the weighted means of each distinct x (np.unique pools
+    -0.0 with +0.0). Not sklearn: it also merges x closer than 1e-6."""
+    rng = np.random.default_rng(11)
+    values = np.array([-3e30, -2.5, -1e-30, -0.0, 0.0, 1e-30, 0.5, 7.0, 3e30], np.float32)
+    x = rng.choice(values, N)
+    y = (rng.normal(0, 1, N) + np.sign(x)).astype(np.float32)
+    w = rng.uniform(0.5, 2.0, N).astype(np.float32)
+    mask = rng.uniform(size=N) > 0.1
+    fitted = FIT(x, y, w, mask)
+    got = np.asarray(PREDICT(fitted, values))
+    ux, inv = np.unique(x[mask].astype(np.float64), return_inverse=True)
+    wsum = np.bincount(inv, w[mask].astype(np.float64))
+    ymean = np.bincount(inv, (w * y)[mask].astype(np.float64)) / wsum
+    fit = isotonic_regression(ymean, weights=wsum).x
+    want = fit[np.searchsorted(ux, values.astype(np.float64))]
+    assert len(ux) == 8  # -0.0 and +0.0 are one x
+    np.testing.assert_allclose(got, want, atol=1e-5)

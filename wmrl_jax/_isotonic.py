@@ -23,7 +23,9 @@ whose left block mean exceeds its right one is removed at once (PAV's result
 does not depend on the order of pooling). Rounds = pooling depth, ~10-15 on
 noisy data; one huge low outlier at the top of increasing data needs a round
 per pooled block (correct, just slower). Ties in x are pooled for free: no
-boundary is ever placed inside a run of equal x. The prefix sums are
+boundary is ever placed inside a run of equal x -- which also means no
+permutation is needed, so x is sorted alone, as integers (XLA:CPU's fast
+path; a float sort or one carrying a permutation is ~8x slower). The prefix sums are
 double-float pairs (hi + lo, an exact TwoSum scan) because a float32 prefix sum
 over 50 000 terms loses ~3 digits in the slope between nearby points.
 """
@@ -264,6 +266,22 @@ def binned_isotonic_fit(x: Array, y: Array, mask: Array | None = None, bins: int
 # ------------------------------------------------------------------- exact fit
 
 
+def _order_keys(x: Array) -> Array:
+    """Integers of x's width that sort as x does (-0 counted as +0).
+
+    A float's bits read as a signed integer already sort the non-negative
+    floats; flipping the magnitude bits of the negative ones orders those too.
+    """
+    itype = jnp.dtype(f"int{8 * x.dtype.itemsize}")
+    b = lax.bitcast_convert_type(jnp.where(x == 0, jnp.zeros_like(x), x), itype)
+    return jnp.where(b < 0, b ^ jnp.iinfo(itype).max, b)
+
+
+def _from_order_keys(k: Array, dtype) -> Array:
+    """The inverse of ``_order_keys``."""
+    return lax.bitcast_convert_type(jnp.where(k < 0, k ^ jnp.iinfo(k.dtype).max, k), dtype)
+
+
 def _two_sum_scan(v: Array) -> tuple[Array, Array]:
     """Inclusive prefix sums as double-float pairs (hi + lo), via exact TwoSum."""
 
@@ -303,17 +321,24 @@ def isotonic_fit(
     x, y, w, mask = _inputs(x, y, weights, mask)
     n = x.shape[0]
     dtype = x.dtype
-    # One multi-operand sort: masked entries (key +inf) go to the end.
-    key = jnp.where(mask, x, jnp.inf)
-    # (key, iota) sorts faster on CPU than a sort carrying y, w and mask along.
-    xs, order = lax.sort_key_val(key, jnp.arange(n, dtype=jnp.int32), is_stable=True)
-    ys, ws, ms = y[order], w[order], mask[order]
-    n_valid = ms.sum().astype(jnp.int32)
-    ws = jnp.where(ms, ws, 0.0)
+    # Sort the x alone, as integers (masked entries, key +inf, go to the end):
+    # on CPU a one-operand integer sort is ~8x faster than sorting floats or
+    # carrying a permutation along (2 vs 15-20 ms at n = 50 000). Ties are
+    # pooled anyway, so no permutation is needed: each entry's weight and
+    # weighted y go to the first slot of its run of equal x (found by binary
+    # search), and the other slots of the run carry weight 0.
+    keys = _order_keys(jnp.where(mask, x, jnp.inf))
+    sorted_keys = lax.sort(keys)
+    xs = _from_order_keys(sorted_keys, dtype)
+    n_valid = mask.sum().astype(jnp.int32)
+    first = jnp.where(mask, jnp.searchsorted(sorted_keys, keys, side="left", method="scan"), n)
+    zero = jnp.zeros((n,), dtype)
+    ws = zero.at[first].add(jnp.where(mask, w, 0.0), mode="drop")
+    wys = zero.at[first].add(jnp.where(mask, w * y, 0.0), mode="drop")
     # Cumulative-sum diagram P_k = (sum_{i<k} w_i, sum_{i<k} w_i y_i), k = 0..n.
     zero = jnp.zeros((1,), dtype)
     wh, wl = _two_sum_scan(jnp.concatenate([zero, ws]))
-    sh, sl = _two_sum_scan(jnp.concatenate([zero, ws * jnp.where(ms, ys, 0.0)]))
+    sh, sl = _two_sum_scan(jnp.concatenate([zero, wys]))
 
     def slope(a, b):
         dw = (wh[b] - wh[a]) + (wl[b] - wl[a])
