@@ -100,7 +100,7 @@ def bench_step(repeats: int, steps_per_repeat: int = 64):
     fields = dataclasses.replace(_state.unpack(C.init_correction_state(cap=cap)),
                                  buf_len=jnp.int32(cap), n_pairs=jnp.int32(cap))
     buffer = jnp.asarray(np.stack([fill_x, fill_y]), jnp.float32)
-    state = jax.jit(lambda f, b: C.CorrectionState(b, *_state.pack(C._refit(f, b)), f.config))(
+    state = jax.jit(lambda f, b: C.CorrectionState(b, *C._refit(_state.pack(f), b, f.config), f.config))(
         fields, buffer)
     loop = ref.CorrectionLoop(cap=cap)
     loop.debiaser.pairs = [(float(a), float(b)) for a, b in zip(fill_x.astype(np.float32), fill_y.astype(np.float32))]
