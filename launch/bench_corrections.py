@@ -11,7 +11,9 @@
    loop calls it; bound by per-call dispatch, not arithmetic), and 64 steps in
    one jitted ``lax.scan`` (how it runs inside a jitted train step). Also the
    per-call floor: a jitted program with the step's inputs, donated state and
-   outputs that does no work (``_null_step``), timed the same way.
+   outputs that does no work (``_null_step``), timed the same way, and that
+   floor again with the 13 outputs as separate arrays (what ``StepOutput``'s
+   packing into three saves).
 2. ``isotonic_fit`` (jitted, exact, weighted) against
    ``sklearn.isotonic.IsotonicRegression(out_of_bounds="clip").fit`` and
    ``np.argsort`` + ``scipy.optimize.isotonic_regression`` at n = 5000 and
@@ -80,8 +82,16 @@ def _null_step(state, wm_rewards, wm_graded, real_rewards, real_graded, is_ancho
     return state, dataclasses.replace(out, floats=out.floats + (wm_rewards @ real_rewards).sum())
 
 
+def _null_step_unpacked(state, wm_rewards, wm_graded, real_rewards, real_graded, is_anchor):
+    """``_null_step`` returning ``out`` as the plain dict of its 13 arrays:
+    what packing the outputs into a StepOutput (three arrays) saves a call."""
+    state, out = _null_step(state, wm_rewards, wm_graded, real_rewards, real_graded, is_anchor)
+    return state, dict(out)
+
+
 def bench_step(repeats: int, steps_per_repeat: int = 64):
-    """Seconds per step: (jax per call, jax inside a jitted scan, numpy, the per-call floor)."""
+    """Seconds per step: (jax per call, jax inside a jitted scan, numpy, the per-call floor,
+    the floor with 13 unpacked outputs)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -117,6 +127,7 @@ def bench_step(repeats: int, steps_per_repeat: int = 64):
     scanned = jax.jit(lambda s, xs: jax.lax.scan(lambda c, x: C.correct_step(c, *x), s, xs))
 
     null = jax.jit(_null_step, donate_argnums=0)
+    null_unpacked = jax.jit(_null_step_unpacked, donate_argnums=0)
 
     def run_jax(step=step):
         s = jax.tree.map(jnp.copy, state)
@@ -134,12 +145,16 @@ def bench_step(repeats: int, steps_per_repeat: int = 64):
     def run_null():
         run_jax(null)
 
+    def run_null_unpacked():
+        run_jax(null_unpacked)
+
     run_jax()
     run_scan()
     run_numpy()
     run_null()
+    run_null_unpacked()
     assert loop.debiaser.n_fits > 1
-    times = _median_times([run_jax, run_scan, run_numpy, run_null], repeats)
+    times = _median_times([run_jax, run_scan, run_numpy, run_null, run_null_unpacked], repeats)
     return tuple(t / steps_per_repeat for t in times)
 
 
@@ -201,11 +216,11 @@ def main(argv=None):
 
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; medians of {reps} repeats; "
           f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
-    t_jax, t_scan, t_np, t_null = bench_step(reps)
+    t_jax, t_scan, t_np, t_null, t_unpacked = bench_step(reps)
     # The same measurement in a fresh process whose CPU client runs each call
     # on the calling thread (the setting is read when the client is created).
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        t_sync, _, t_np_sync, t_null_sync = pool.apply(_bench_step_sync_dispatch, (reps,))
+        t_sync, _, t_np_sync, t_null_sync, t_unpacked_sync = pool.apply(_bench_step_sync_dispatch, (reps,))
     print("\ncorrect_step, 8 groups x 8, cap 5000 full, refit every 4th step (per step)")
     row = "  {:<40}{:9.3f} ms   numpy / jax = {:6.1f}x{}"
     print(row.format("jax, jitted call per step", t_jax * 1e3, t_np / t_jax, ""))
@@ -219,6 +234,9 @@ def main(argv=None):
           "      nothing from running on XLA's worker thread, and pays a thread hand-off per call.\n"
           "  [2] a jitted program with correct_step's inputs, donated state and outputs that does no\n"
           "      work (launch/bench_corrections._null_step): what any per-call step pays first.")
+    print(f"  the same floor returning out as 13 separate arrays instead of a StepOutput's 3: "
+          f"{t_unpacked * 1e3:.3f} ms ({t_unpacked_sync * 1e3:.3f} ms synchronous), "
+          f"{t_unpacked / t_null:.2f}x ({t_unpacked_sync / t_null_sync:.2f}x)")
     print("\nisotonic_fit, exact weighted (per fit)")
     print(f"  {'n':>7} {'jax (jit)':>12} {'sklearn':>12} {'scipy':>12} {'jax/sklearn':>12} {'jax/scipy':>10}")
     for n in (5000, 50000):
