@@ -302,6 +302,13 @@ def test_step_output_reads_as_the_documented_dict_by_name_dtype_and_value():
     assert int(last) == int(outs["n_fits"][0])
 
 
+def test_bench_corrections_step_runs(launch_script):
+    """The benchmark's step section runs end to end (its numbers are the
+    benchmark's business, not a test's): five per-step times, all positive."""
+    times = launch_script("bench_corrections").bench_step(repeats=1, steps_per_repeat=8)
+    assert len(times) == 5 and all(np.isfinite(t) and t > 0 for t in times)
+
+
 # Last in the file: leaving the x64 context drops jit caches, so the float32
 # tests above would otherwise compile twice.
 def test_correct_step_matches_reference_in_float64():
