@@ -13,7 +13,8 @@
    per-call floor: a jitted program with the step's inputs, donated state and
    outputs that does no work (``_null_step``), timed the same way, and that
    floor again with the 13 outputs as separate arrays (what ``StepOutput``'s
-   packing into three saves).
+   packing into three saves), and what one more XLA operation adds to a
+   call with each dispatch (``bench_per_op``).
 2. ``isotonic_fit`` (jitted, exact, weighted) against
    ``sklearn.isotonic.IsotonicRegression(out_of_bounds="clip").fit`` and
    ``np.argsort`` + ``scipy.optimize.isotonic_regression`` at n = 5000 and
@@ -29,6 +30,7 @@ import argparse
 import dataclasses
 import multiprocessing
 import os
+import re
 import statistics
 import sys
 import time
@@ -158,6 +160,41 @@ def bench_step(repeats: int, steps_per_repeat: int = 64):
     return tuple(t / steps_per_repeat for t in times)
 
 
+def bench_per_op(repeats: int, ops: int = 40):
+    """Microseconds one more XLA:CPU operation adds to a jitted call: the
+    time of a program of ``ops`` chained small reductions minus that of one,
+    over the difference in their compiled operations; both programs above
+    the 1000-flop line (so dispatched like the step).
+
+    It explains the per-call rows: under asynchronous dispatch each
+    operation of a program costs several times what it does on the calling
+    thread, so the step's ~60 operations weigh more than its arithmetic.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    def chain(k):
+        def f(x):
+            acc = x
+            for i in range(k):
+                acc = jnp.where(acc > jnp.sum(acc * (i + 1.0)), acc, acc + 1.0)
+            return acc + (x @ x.T).sum()
+
+        return jax.jit(f)
+
+    x = jnp.ones((8, 8), jnp.float32)
+    short, long = chain(1), chain(ops)
+
+    def n_ops(f):  # operations XLA compiled the program to
+        return len(re.findall(r"^\s+%\S+ = \S+ fusion\(", f.lower(x).compile().as_text(), re.M))
+
+    def calls(f):
+        return lambda: [f(x).block_until_ready() for _ in range(64)]
+
+    t_short, t_long = _median_times([calls(short), calls(long)], repeats)
+    return (t_long - t_short) / 64 / (n_ops(long) - n_ops(short)) * 1e6
+
+
 def _bench_step_sync_dispatch(repeats: int):
     """``bench_step`` with each jitted call executed on the calling thread.
 
@@ -169,7 +206,7 @@ def _bench_step_sync_dispatch(repeats: int):
     import jax
 
     jax.config.update("jax_cpu_enable_async_dispatch", False)
-    return bench_step(repeats)
+    return bench_step(repeats), bench_per_op(repeats)
 
 
 def bench_isotonic(n: int, repeats: int):
@@ -220,7 +257,9 @@ def main(argv=None):
     # The same measurement in a fresh process whose CPU client runs each call
     # on the calling thread (the setting is read when the client is created).
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        t_sync, _, t_np_sync, t_null_sync, t_unpacked_sync = pool.apply(_bench_step_sync_dispatch, (reps,))
+        (t_sync, _, t_np_sync, t_null_sync, t_unpacked_sync), op_sync = pool.apply(
+            _bench_step_sync_dispatch, (reps,))
+    op_async = bench_per_op(reps)
     print("\ncorrect_step, 8 groups x 8, cap 5000 full, refit every 4th step (per step)")
     row = "  {:<40}{:9.3f} ms   numpy / jax = {:6.1f}x{}"
     print(row.format("jax, jitted call per step", t_jax * 1e3, t_np / t_jax, ""))
@@ -237,6 +276,8 @@ def main(argv=None):
     print(f"  the same floor returning out as 13 separate arrays instead of a StepOutput's 3: "
           f"{t_unpacked * 1e3:.3f} ms ({t_unpacked_sync * 1e3:.3f} ms synchronous), "
           f"{t_unpacked / t_null:.2f}x ({t_unpacked_sync / t_null_sync:.2f}x)")
+    print(f"  one more XLA:CPU operation in a jitted call (bench_per_op): {op_async:.2f} us "
+          f"({op_sync:.2f} us synchronous)")
     print("\nisotonic_fit, exact weighted (per fit)")
     print(f"  {'n':>7} {'jax (jit)':>12} {'sklearn':>12} {'scipy':>12} {'jax/sklearn':>12} {'jax/scipy':>10}")
     for n in (5000, 50000):

@@ -305,8 +305,10 @@ def test_step_output_reads_as_the_documented_dict_by_name_dtype_and_value():
 def test_bench_corrections_step_runs(launch_script):
     """The benchmark's step section runs end to end (its numbers are the
     benchmark's business, not a test's): five per-step times, all positive."""
-    times = launch_script("bench_corrections").bench_step(repeats=1, steps_per_repeat=8)
+    bench = launch_script("bench_corrections")
+    times = bench.bench_step(repeats=1, steps_per_repeat=8)
     assert len(times) == 5 and all(np.isfinite(t) and t > 0 for t in times)
+    assert np.isfinite(bench.bench_per_op(repeats=1, ops=3))  # compiled op counts differ, no 0/0
 
 
 # Last in the file: leaving the x64 context drops jit caches, so the float32
