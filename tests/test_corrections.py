@@ -269,7 +269,6 @@ def test_step_output_reads_as_the_documented_dict_by_name_dtype_and_value():
     """`out` is a mapping over few packed leaves; every key reads back as the
     value it packs (checked against the state it came with), in its dtype,
     inside a jit, after device_get, and stacked by a scan."""
-    rng = np.random.default_rng(3)
     stream = list(_stream(3, 40))
     state = C.init_correction_state(**SMALL)
     for args in stream[:-1]:

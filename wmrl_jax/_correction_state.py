@@ -173,6 +173,12 @@ def unpack(state: CorrectionState) -> Fields:
                   config=state.config)
 
 
+def unpack_packed(packed: tuple[Array, Array, Array], config: CorrectionConfig) -> Fields:
+    """``unpack`` of the state ``(knots, counters, scalars)`` (as ``pack``
+    returns it), with no buffer: ``unpack`` never reads one."""
+    return unpack(CorrectionState(None, *packed, config))
+
+
 def pack(f: Fields) -> tuple[Array, Array, Array]:
     """(knots, counters, scalars) of ``f``: with the buffer, a CorrectionState."""
     fitted = f.fitted
@@ -233,8 +239,10 @@ def init_correction_state(
 # the state, and more so: each output array of a jitted call costs ~1.5 us to
 # hand back synchronously and ~4 us with asynchronous dispatch (measured: a
 # no-op program with correct_step's inputs took 48 / 95 us returning its
-# thirteen outputs one by one, 27 / 39 us returning them as two arrays). So
-# the outputs travel as three arrays and read back by name. Why not two: at
+# thirteen outputs one by one, 27 / 39 us returning them as two arrays;
+# launch/bench_corrections.py prints its no-op floor with the 13 and with the
+# 3 arrays below, e.g. 0.066 vs 0.038 ms a call). So the outputs travel as
+# three arrays and read back by name. Why not two: at
 # paper size (8 x 8) each of the three holds <= 512 bytes, and XLA:CPU runs a
 # computation whose buffers are all that small one operation after another
 # on the calling thread; one bigger buffer would send the whole no-refit

@@ -332,9 +332,9 @@ def isotonic_fit(
     xs = _from_order_keys(sorted_keys, dtype)
     n_valid = mask.sum().astype(jnp.int32)
     first = jnp.where(mask, jnp.searchsorted(sorted_keys, keys, side="left", method="scan"), n)
-    zero = jnp.zeros((n,), dtype)
-    ws = zero.at[first].add(jnp.where(mask, w, 0.0), mode="drop")
-    wys = zero.at[first].add(jnp.where(mask, w * y, 0.0), mode="drop")
+    slots = jnp.zeros((n,), dtype)
+    ws = slots.at[first].add(jnp.where(mask, w, 0.0), mode="drop")
+    wys = slots.at[first].add(jnp.where(mask, w * y, 0.0), mode="drop")
     # Cumulative-sum diagram P_k = (sum_{i<k} w_i, sum_{i<k} w_i y_i), k = 0..n.
     zero = jnp.zeros((1,), dtype)
     wh, wl = _two_sum_scan(jnp.concatenate([zero, ws]))

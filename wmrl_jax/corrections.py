@@ -50,6 +50,7 @@ from wmrl_jax._correction_state import (
     pack,
     step_output,
     unpack,
+    unpack_packed,
 )
 from wmrl_jax._isotonic import (
     MonotoneMap,
@@ -206,15 +207,18 @@ def _refit(packed: tuple[Array, Array, Array], buffer: Array, config: Correction
     stays here; the small work runs ``_on_its_own``.
     """
     x, y = buffer[0], buffer[1]
-    live = jnp.arange(config.cap) < unpack(CorrectionState(buffer, *packed, config)).buf_len
+    live = jnp.arange(config.cap) < unpack_packed(packed, config).buf_len
     if config.calibration == "binned":
+        # binned_isotonic_fit in its two halves, so the 10-bin fit runs on its
+        # own. (Its input checks would change nothing: the buffer only ever
+        # holds pairs whose two scores are finite.)
         new = _on_its_own(binned_fit_from_sums, *binned_sums(x, y, live, config.bins))
     else:
         new = isotonic_fit(x, y, mask=live)
     stats = bias_stats(x, y, new, live)
 
     def adopt(packed, new, stats):
-        return pack(_keep_if_valid(unpack(CorrectionState(buffer, *packed, config)), new, *stats))
+        return pack(_keep_if_valid(unpack_packed(packed, config), new, *stats))
 
     return _on_its_own(adopt, packed, new, stats)
 
@@ -254,7 +258,7 @@ def _pushes_to_refit(st: Fields) -> Array:
     return jnp.where(st.debias & (st.min_pairs <= st.config.cap), k, never)
 
 
-def _push_and_calibrate(state: CorrectionState, xy: Array, pair: Array, wm: Array):
+def _push_and_calibrate(state: CorrectionState, xy: Array, pair: Array):
     """Push the step's pairs in order, refitting after each push where due,
     and calibrate every group with the map current after its own pairs.
 
@@ -270,8 +274,9 @@ def _push_and_calibrate(state: CorrectionState, xy: Array, pair: Array, wm: Arra
     from the buffer-sized work, and the loop carries the state packed.
 
     Args:
+        state: the state before the step.
         xy: float[2, N * G] the step's (WM, real) scores, group-major;
-        pair: bool[N, G], rollouts pushed as pairs; wm: float[N, G].
+        pair: bool[N, G], rollouts pushed as pairs.
 
     Returns:
         (packed state, calibrated float[N, G]): group i calibrated by the map after
@@ -282,6 +287,7 @@ def _push_and_calibrate(state: CorrectionState, xy: Array, pair: Array, wm: Arra
     """
     n, g = pair.shape
     sel = pair.reshape(-1)
+    wm = xy[0].reshape(n, g)
 
     def prep(sel):
         ordinal = jnp.cumsum(sel.astype(jnp.int32))  # pair q is the q-th pushed (1-based)
@@ -293,15 +299,12 @@ def _push_and_calibrate(state: CorrectionState, xy: Array, pair: Array, wm: Arra
         # Groups ending at or after p0 see this map (later segments overwrite).
         return jnp.where((group_end >= p0)[:, None], apply_calibration(st.fitted, wm), cal)
 
-    def fields(packed, buffer):
-        return unpack(CorrectionState(buffer, *packed, state.config))
-
     def due(carry):
-        packed, buffer, p0, _ = carry
-        return _pushes_to_refit(fields(packed, buffer)) <= total - p0
+        packed, _, p0, _ = carry
+        return _pushes_to_refit(unpack_packed(packed, state.config)) <= total - p0
 
     def segment(packed, p0, cal):
-        st = fields(packed, state.buffer)
+        st = unpack_packed(packed, state.config)
         k = p0 + _pushes_to_refit(st)
         cal = calibrate(st, p0, cal)
         st, slot = _advance(st, sel & (ordinal > p0) & (ordinal <= k))
@@ -319,7 +322,7 @@ def _push_and_calibrate(state: CorrectionState, xy: Array, pair: Array, wm: Arra
     packed, buffer, p0, cal = lax.while_loop(due, body, (packed, state.buffer, jnp.int32(0), wm))
 
     def post(packed, p0, cal):
-        st = fields(packed, state.buffer)
+        st = unpack_packed(packed, state.config)
         cal = calibrate(st, p0, cal)
         st, _ = _advance(st, sel & (ordinal > p0))
         return pack(st), cal
@@ -476,10 +479,10 @@ def correct_step(
 
     def in_order():
         xy, pair = xy_pairs()
-        packed, calibrated = _push_and_calibrate(state, xy, pair, xy[0].reshape(pair.shape))
+        packed, calibrated = _push_and_calibrate(state, xy, pair)
 
         def post(packed, calibrated):  # the [N, G]-sized rest, on its own
-            st = unpack(CorrectionState(state.buffer, *packed, state.config))
+            st = unpack_packed(packed, state.config)
             # Where the pairs land follows from the counters before the step.
             _, slot = _advance(unpack(state), pair.reshape(-1))
             return finish(st, calibrated), slot
