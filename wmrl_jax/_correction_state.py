@@ -10,7 +10,8 @@ the float scalars -- and every named field is a read-only property over them.
 
 Inside a jitted function the mechanics work on :class:`Fields`, every field
 but the ring buffer, unpacked (one value each, so XLA sees plain scalars);
-``unpack`` and ``pack`` convert, and XLA fuses both away.
+``unpack`` and ``pack`` convert, and XLA fuses both away (``pack`` by
+``_vector``).
 """
 
 from __future__ import annotations
@@ -179,14 +180,28 @@ def unpack_packed(packed: tuple[Array, Array, Array], config: CorrectionConfig) 
     return unpack(CorrectionState(None, *packed, config))
 
 
+def _vector(values, dtype) -> Array:
+    """``jnp.stack(values).astype(dtype)`` for scalars, as one XLA operation.
+
+    XLA:CPU gives each scalar of a ``stack`` an operation of its own (and a
+    concatenate after them); as a chain of selects over the vector's index it
+    fuses the scalars' arithmetic into a single loop (measured: the no-refit
+    step went from 50 to 37 operations, 0.110 -> 0.100 ms a call).
+    """
+    idx = jnp.arange(len(values))
+    out = jnp.zeros(len(values), dtype)
+    for k, v in enumerate(values):
+        out = jnp.where(idx == k, jnp.asarray(v).astype(dtype), out)
+    return out
+
+
 def pack(f: Fields) -> tuple[Array, Array, Array]:
     """(knots, counters, scalars) of ``f``: with the buffer, a CorrectionState."""
     fitted = f.fitted
     dtype = fitted.knots_x.dtype
     ints = dict(n_knots=fitted.n_knots, valid=fitted.valid)
-    counters = jnp.stack([jnp.asarray(ints[k] if k in ints else getattr(f, k)).astype(jnp.int32)
-                          for k in COUNTERS])
-    scalars = jnp.stack([jnp.asarray(getattr(f, k)).astype(dtype) for k in SCALARS])
+    counters = _vector([ints[k] if k in ints else getattr(f, k) for k in COUNTERS], jnp.int32)
+    scalars = _vector([getattr(f, k) for k in SCALARS], dtype)
     return jnp.stack([fitted.knots_x, fitted.knots_y]), counters, scalars
 
 
