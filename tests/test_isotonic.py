@@ -103,6 +103,69 @@ def test_binned_fit_matches_numpy_reference(seed):
                                atol=1e-5)
 
 
+def _edge_probes(bins, dtype):
+    """Every linspace edge, its rounding to dtype and 3 ulps either side, plus
+    random values, the ends and the infinities."""
+    e64 = np.linspace(0.0, 1.0, bins + 1)
+    near = [e64.astype(dtype)]
+    for direction in (-np.inf, np.inf):
+        e = e64.astype(dtype)
+        for _ in range(3):
+            e = np.nextafter(e, np.asarray(direction, dtype))
+            near.append(e)
+    rng = np.random.default_rng(bins)
+    extra = np.array([0.0, -0.0, 1.0, -1e30, 1e30, -np.inf, np.inf])
+    return np.concatenate([*near, rng.uniform(-0.5, 1.5, 20000), extra]).astype(dtype)
+
+
+@pytest.mark.parametrize("bins", [1, 2, 3, 7, 10, 13, 100, 1000])
+def test_bin_index_matches_digitize_at_every_edge(bins):
+    """``bin_index`` (floor of a scaled product, corrected by one edge
+    comparison) puts every value where the reference's
+    ``clip(digitize(x, linspace inner edges), 0, bins - 1)`` does, in float32
+    and float64 -- including values on, and a few ulps around, each edge.
+    (Every float32 in [0, 1.01] was also checked once for bins = 7 and 10.)"""
+    from wmrl_jax._isotonic import bin_index
+
+    inner = np.linspace(0.0, 1.0, bins + 1)[1:-1]
+    for dtype in (np.float32, np.float64):
+        x = _edge_probes(bins, dtype)
+        want = np.clip(np.digitize(x.astype(np.float64), inner), 0, bins - 1)
+        with jax.enable_x64(dtype == np.float64):
+            got = np.asarray(jax.jit(lambda v: bin_index(v, bins))(jnp.asarray(x)))
+        np.testing.assert_array_equal(got, want, err_msg=f"{np.dtype(dtype).name}")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_predict_in_bins_matches_np_interp_on_the_fitted_pairs(seed):
+    """The refit calibrates its own buffer bin by bin (``by_bin`` +
+    ``predict_in_bins``): it must equal np.interp through the fitted knots for
+    every pair the map was fitted on, with empty bins in between and
+    values on the edges, and for just two populated bins."""
+    from wmrl_jax._isotonic import bin_index, binned_fit_from_sums, binned_sums, by_bin, predict_in_bins
+
+    def calibrate(x, y, mask):
+        idx = bin_index(x, 10)
+        sums = binned_sums(x, y, mask, 10, idx)
+        fitted = binned_fit_from_sums(*sums)
+        return fitted, predict_in_bins(by_bin(fitted, sums[2]), x, idx)
+
+    rng = np.random.default_rng(seed)
+    for lo, hi in ((-0.2, 1.2), (0.25, 0.45)):  # every bin, and bins 2-4 only
+        x = rng.uniform(lo, hi, N)
+        x = x[(x < 0.5) | (x >= 0.8)]  # bins 5-7 empty
+        x[:30] = np.round(x[:30], 1)
+        y = np.sqrt(np.clip(x, 0, None)) + rng.normal(0, 0.3, len(x))
+        x32, y32 = x.astype(np.float32), y.astype(np.float32)
+        mask = np.ones(len(x), bool)
+        fitted, got = jax.jit(calibrate)(x32, y32, mask)
+        k = int(fitted.n_knots)
+        assert bool(fitted.valid) and k >= 2
+        kx, ky = np.asarray(fitted.knots_x[:k], np.float64), np.asarray(fitted.knots_y[:k], np.float64)
+        want = np.interp(x32.astype(np.float64), kx, ky)
+        np.testing.assert_allclose(np.asarray(got), want, atol=2e-6, rtol=0)
+
+
 def test_binned_fit_with_one_populated_bin_is_the_identity():
     x = np.full(N, 0.33, np.float32)
     fitted = BINNED(x, np.linspace(0, 1, N, dtype=np.float32), np.ones(N, bool))

@@ -58,9 +58,12 @@ from wmrl_jax._isotonic import (
     binned_isotonic_fit,
     binned_fit_from_sums,
     binned_isotonic_predict,
+    bin_index,
     binned_sums,
+    by_bin,
     isotonic_fit,
     isotonic_predict,
+    predict_in_bins,
 )
 from wmrl_jax.losses import group_advantages
 
@@ -114,7 +117,11 @@ def bias_stats(x: Array, y: Array, fitted: MonotoneMap | None = None, mask: Arra
     m = jnp.ones(x.shape, bool) if mask is None else jnp.asarray(mask)
     if m.shape != x.shape or m.dtype != jnp.bool_:
         raise ValueError(f"bias_stats: mask {m.dtype}{tuple(m.shape)}, expected bool{tuple(x.shape)}")
-    xh = x if fitted is None else apply_calibration(fitted, x)
+    return _bias_stats(x, x if fitted is None else apply_calibration(fitted, x), y, m)
+
+
+def _bias_stats(x, xh, y, m):
+    """``bias_stats`` given the calibrated scores ``xh``."""
     # Two passes, each one reduction over stacked rows (few XLA operations:
     # on CPU each costs more to launch than these sums cost to compute).
     cnt, x_bar, xh_bar, y_bar = jnp.where(m, jnp.stack([jnp.ones_like(x), x, xh, y]), 0.0).sum(axis=1)
@@ -210,12 +217,27 @@ def _refit(packed: tuple[Array, Array, Array], buffer: Array, config: Correction
     live = jnp.arange(config.cap) < unpack_packed(packed, config).buf_len
     if config.calibration == "binned":
         # binned_isotonic_fit in its two halves, so the 10-bin fit runs on its
-        # own. (Its input checks would change nothing: the buffer only ever
-        # holds pairs whose two scores are finite.)
-        new = _on_its_own(binned_fit_from_sums, *binned_sums(x, y, live, config.bins))
+        # own (its input checks would change nothing: the buffer only ever
+        # holds pairs whose two scores are finite). Every live pair's bin is
+        # populated, so the fresh map calibrates them bin by bin, a few
+        # operations each (``interpolate`` would unroll over all segments).
+        # Why the bins are computed on their own: XLA would fuse them into
+        # each of their users, and XLA:CPU splits any pass over the buffer
+        # that costs more than ~8 operations an entry over two threads, which
+        # here only adds a hand-off (measured: a refit step 0.25 -> 0.19 ms).
+        idx = _on_its_own(lambda x: bin_index(x, config.bins), x)
+        sums = binned_sums(x, y, live, config.bins, idx)
+
+        def fit(sum_x, sum_y, count):
+            new = binned_fit_from_sums(sum_x, sum_y, count)
+            return new, by_bin(new, count)
+
+        new, table = _on_its_own(fit, *sums)
+        xh = jnp.where(new.valid, predict_in_bins(table, x, idx), x)
     else:
         new = isotonic_fit(x, y, mask=live)
-    stats = bias_stats(x, y, new, live)
+        xh = apply_calibration(new, x)
+    stats = _bias_stats(x, xh, y, live)
 
     def adopt(packed, new, stats):
         return pack(_keep_if_valid(unpack_packed(packed, config), new, *stats))
