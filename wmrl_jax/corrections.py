@@ -225,7 +225,7 @@ def _refit(packed: tuple[Array, Array, Array], buffer: Array, config: Correction
         # each of their users, and XLA:CPU splits any pass over the buffer
         # that costs more than ~8 operations an entry over two threads, which
         # here only adds a hand-off (measured: a refit step 0.25 -> 0.19 ms).
-        idx = _on_its_own(lambda x: bin_index(x, config.bins), x)
+        idx = _on_its_own(lambda b: bin_index(b[0], config.bins), buffer)
         sums = binned_sums(x, y, live, config.bins, idx)
 
         def fit(sum_x, sum_y, count):
