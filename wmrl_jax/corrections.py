@@ -153,14 +153,14 @@ def group_disagreement(calibrated: Array, real: Array, mask: Array | None = None
         )
     cnt = m.sum()
     c = jnp.maximum(cnt, 1).astype(d.dtype)
-    d = jnp.where(m, d, 0.0)
-    s = jnp.where(m, s, 0.0)
-    dc = jnp.where(m, d - d.sum() / c, 0.0)
-    sc = jnp.where(m, s - s.sum() / c, 0.0)
-    var_s = (sc**2).sum() / c
+    # (d - mean d) - (s - mean s) = u - mean u with u = d - s. Each pass is
+    # one reduction over stacked rows: fewer XLA operations (on CPU each
+    # costs more to launch than these sums cost to compute).
+    us = jnp.where(m, jnp.stack([d - s, s]), 0.0)
+    centred = jnp.where(m, us - (us.sum(axis=-1, keepdims=True) / c), 0.0)
+    var_u, var_s = (centred**2).sum(axis=-1) / c
     ok = (cnt > 0) & (var_s >= _VAR_FLOOR)
-    s2 = ((dc - sc) ** 2).sum() / c / jnp.where(ok, var_s, 1.0)
-    return jnp.where(ok, s2, 0.0), ok
+    return jnp.where(ok, var_u / jnp.where(ok, var_s, 1.0), 0.0), ok
 
 
 # ----------------------------------------------------------------------- state
@@ -245,12 +245,20 @@ def _refit(packed: tuple[Array, Array, Array], buffer: Array, config: Correction
     return _on_its_own(adopt, packed, new, stats)
 
 
-def _advance(st: Fields, sel: Array) -> tuple[Fields, Array]:
+def _advance(st: Fields, sel: Array, ranked: tuple[Array, Array] | None = None) -> tuple[Fields, Array]:
     """Append the selected pairs (``sel`` bool[P], in order) to the FIFO's
-    counters; returns each pair's slot (``cap``: not written)."""
+    counters; returns each pair's slot (``cap``: not written).
+
+    ``ranked``: (rank int32[P], each selected pair's 1-based position among
+    them; m, how many are selected), where the caller has them; otherwise
+    from ``cumsum(sel)`` (four XLA operations).
+    """
     cap = st.config.cap
-    rank = jnp.cumsum(sel.astype(jnp.int32))
-    m = rank[-1]
+    if ranked is None:
+        rank = jnp.cumsum(sel.astype(jnp.int32))
+        m = rank[-1]
+    else:
+        rank, m = ranked
     # Of more than cap pairs only the newest cap survive: writing only those
     # keeps every slot written once (a scatter's duplicate order is undefined).
     slot = jnp.where(sel & (rank > m - cap), (st.buf_head + rank - 1) % cap, cap)
@@ -301,9 +309,10 @@ def _push_and_calibrate(state: CorrectionState, xy: Array, pair: Array):
         pair: bool[N, G], rollouts pushed as pairs.
 
     Returns:
-        (packed state, calibrated float[N, G]): group i calibrated by the map after
-        all refits up to its last pair (for a group without pairs: the map at
-        its turn). The buffer the refits saw is dropped: the step's pairs land
+        (packed state, calibrated float[N, G], (rank, m)): group i calibrated
+        by the map after all refits up to its last pair (for a group without
+        pairs: the map at its turn); each pair's 1-based rank among the
+        step's pairs and their number, for ``_advance``. The buffer the refits saw is dropped: the step's pairs land
         where ``_advance`` of the whole step puts them, so the caller writes
         them all at once, in place.
     """
@@ -326,17 +335,21 @@ def _push_and_calibrate(state: CorrectionState, xy: Array, pair: Array):
         return _pushes_to_refit(unpack_packed(packed, state.config)) <= total - p0
 
     def segment(packed, p0, cal):
+        # Returns the counters only: the map and the floats pass unchanged
+        # (and would cost a copy each to hand back).
         st = unpack_packed(packed, state.config)
         k = p0 + _pushes_to_refit(st)
         cal = calibrate(st, p0, cal)
-        st, slot = _advance(st, sel & (ordinal > p0) & (ordinal <= k))
-        return pack(st), slot, k, cal
+        ranked = ordinal - p0, jnp.minimum(k, total) - p0  # pairs p0+1..k
+        st, slot = _advance(st, sel & (ordinal > p0) & (ordinal <= k), ranked)
+        return pack(st)[1], slot, k, cal
 
     def body(carry):
         # The barrier keeps XLA from hoisting the settings' unpacking out of
         # the loop: as loop-carried scalars they would cost an operation each.
         packed, buffer, p0, cal = lax.optimization_barrier(carry)
-        packed, slot, k, cal = _on_its_own(segment, packed, p0, cal)
+        counters, slot, k, cal = _on_its_own(segment, packed, p0, cal)
+        packed = (packed[0], counters, packed[2])
         buffer = _scatter(buffer, slot, xy)
         return _refit(packed, buffer, state.config), buffer, k, cal
 
@@ -346,10 +359,11 @@ def _push_and_calibrate(state: CorrectionState, xy: Array, pair: Array):
     def post(packed, p0, cal):
         st = unpack_packed(packed, state.config)
         cal = calibrate(st, p0, cal)
-        st, _ = _advance(st, sel & (ordinal > p0))
-        return pack(st), cal
+        st, _ = _advance(st, sel & (ordinal > p0), (ordinal - p0, total - p0))
+        return pack(st)[1], cal
 
-    return _on_its_own(post, packed, p0, cal)
+    counters, cal = _on_its_own(post, packed, p0, cal)
+    return (packed[0], counters, packed[2]), cal, (ordinal, total)
 
 
 def _ewma_update(ewma, n_obs, c_set, fix_at, alpha, warmup, s2, do):
@@ -501,15 +515,15 @@ def correct_step(
 
     def in_order():
         xy, pair = xy_pairs()
-        packed, calibrated = _push_and_calibrate(state, xy, pair)
+        packed, calibrated, ranked = _push_and_calibrate(state, xy, pair)
 
-        def post(packed, calibrated):  # the [N, G]-sized rest, on its own
+        def post(packed, calibrated, ranked):  # the [N, G]-sized rest, on its own
             st = unpack_packed(packed, state.config)
             # Where the pairs land follows from the counters before the step.
-            _, slot = _advance(unpack(state), pair.reshape(-1))
+            _, slot = _advance(unpack(state), pair.reshape(-1), ranked)
             return finish(st, calibrated), slot
 
-        out, slot = _on_its_own(post, packed, calibrated)
+        out, slot = _on_its_own(post, packed, calibrated, ranked)
         return out, slot, xy
 
     # The top level is the predicate, one conditional and one scatter of the
