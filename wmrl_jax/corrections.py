@@ -272,9 +272,19 @@ def _advance(st: Fields, sel: Array, ranked: tuple[Array, Array] | None = None) 
     return st, slot
 
 
-def _scatter(buffer: Array, slot: Array, xy: Array) -> Array:
-    """Write pairs ``xy`` float[2, P] into ``buffer`` at ``slot`` int[P]."""
-    return buffer.at[:, slot].set(xy, mode="drop")
+_WRITE_PAIRS = lax.ScatterDimensionNumbers(update_window_dims=(1,), inserted_window_dims=(1,),
+                                           scatter_dims_to_operand_dims=(1,))
+
+
+def _scatter(buffer: Array, slot: Array, pairs: Array) -> Array:
+    """Write ``pairs`` float[P, 2] (WM, real) into ``buffer`` float[2, cap] at
+    ``slot`` int32[P] (``cap``: dropped).
+
+    As ``lax.scatter`` on pair-major rows: ``buffer.at[:, slot].set(pairs.T)``
+    compiles to the same scatter plus two XLA operations that re-lay its
+    indices and updates out first (jnp's negative-index handling, a transpose).
+    """
+    return lax.scatter(buffer, slot[:, None], pairs, _WRITE_PAIRS, mode=lax.GatherScatterMode.FILL_OR_DROP)
 
 
 def _pushes_to_refit(st: Fields) -> Array:
@@ -305,7 +315,7 @@ def _push_and_calibrate(state: CorrectionState, xy: Array, pair: Array):
 
     Args:
         state: the state before the step.
-        xy: float[2, N * G] the step's (WM, real) scores, group-major;
+        xy: float[N * G, 2] the step's (WM, real) scores, group-major;
         pair: bool[N, G], rollouts pushed as pairs.
 
     Returns:
@@ -318,7 +328,7 @@ def _push_and_calibrate(state: CorrectionState, xy: Array, pair: Array):
     """
     n, g = pair.shape
     sel = pair.reshape(-1)
-    wm = xy[0].reshape(n, g)
+    wm = xy[:, 0].reshape(n, g)
 
     def prep(sel):
         ordinal = jnp.cumsum(sel.astype(jnp.int32))  # pair q is the q-th pushed (1-based)
@@ -505,13 +515,13 @@ def correct_step(
 
     def xy_pairs():
         wm, real, _, _, pair = inputs()
-        return jnp.stack([wm.reshape(-1), real.reshape(-1)]), pair
+        return jnp.stack([wm.reshape(-1), real.reshape(-1)], axis=1), pair  # [N G, 2]
 
     def no_refit():
         # One map for all groups: the step vectorises.
         xy, pair = xy_pairs()
         st, slot = _advance(unpack(state), pair.reshape(-1))
-        return finish(st, apply_calibration(st.fitted, xy[0].reshape(pair.shape))), slot, xy
+        return finish(st, apply_calibration(st.fitted, xy[:, 0].reshape(pair.shape))), slot, xy
 
     def in_order():
         xy, pair = xy_pairs()
