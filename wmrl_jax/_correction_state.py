@@ -87,7 +87,8 @@ class CorrectionState:
 
     Attributes:
         buffer: float[2, cap], the ring buffer's WM scores (row 0) and real
-            scores (row 1).
+            scores (row 1). The FIFO fills from slot 0, so slots past
+            ``buf_len`` were never written and hold zeros (a refit relies on it).
         knots: float[2, K], the current map's knots_x / knots_y (K = bins for
             the binned map, cap for the exact one).
         counters: int32[len(COUNTERS)], counters and bool flags.

@@ -58,8 +58,8 @@ from wmrl_jax._isotonic import (
     binned_isotonic_fit,
     binned_fit_from_sums,
     binned_isotonic_predict,
+    add_rows_by_bin,
     bin_index,
-    binned_sums,
     by_bin,
     isotonic_fit,
     isotonic_predict,
@@ -117,17 +117,24 @@ def bias_stats(x: Array, y: Array, fitted: MonotoneMap | None = None, mask: Arra
     m = jnp.ones(x.shape, bool) if mask is None else jnp.asarray(mask)
     if m.shape != x.shape or m.dtype != jnp.bool_:
         raise ValueError(f"bias_stats: mask {m.dtype}{tuple(m.shape)}, expected bool{tuple(x.shape)}")
-    return _bias_stats(x, x if fitted is None else apply_calibration(fitted, x), y, m)
+    return _bias_from_sums(*_bias_sums(x, x if fitted is None else apply_calibration(fitted, x), y, m))
 
 
-def _bias_stats(x, xh, y, m):
-    """``bias_stats`` given the calibrated scores ``xh``."""
+def _bias_sums(x, xh, y, m):
+    """The sums ``bias_stats`` needs, given the calibrated scores ``xh``:
+    (count, sum x, sum xh, sum y) and the two centred sums of squares."""
     # Two passes, each one reduction over stacked rows (few XLA operations:
     # on CPU each costs more to launch than these sums cost to compute).
-    cnt, x_bar, xh_bar, y_bar = jnp.where(m, jnp.stack([jnp.ones_like(x), x, xh, y]), 0.0).sum(axis=1)
-    cnt = jnp.maximum(cnt, 1.0)
-    d = jnp.stack([(x - x_bar / cnt) - (y - y_bar / cnt), (xh - xh_bar / cnt) - (y - y_bar / cnt)])
-    before, after = jnp.where(m, d * d, 0.0).sum(axis=1) / cnt
+    sums = jnp.where(m, jnp.stack([jnp.ones_like(x), x, xh, y]), 0.0).sum(axis=1)
+    x_bar, xh_bar, y_bar = sums[1:] / jnp.maximum(sums[0], 1.0)
+    d = jnp.stack([(x - x_bar) - (y - y_bar), (xh - xh_bar) - (y - y_bar)])
+    return sums, jnp.where(m, d * d, 0.0).sum(axis=1)
+
+
+def _bias_from_sums(sums, squares):
+    """(before, after, reduction) from ``_bias_sums`` (scalar work: the refit
+    does it on its own, away from the buffer)."""
+    before, after = squares / jnp.maximum(sums[0], 1.0)
     return before, after, 1.0 - after / jnp.maximum(1e-9, before)
 
 
@@ -226,23 +233,24 @@ def _refit(packed: tuple[Array, Array, Array], buffer: Array, config: Correction
         # that costs more than ~8 operations an entry over two threads, which
         # here only adds a hand-off (measured: a refit step 0.25 -> 0.19 ms).
         idx = _on_its_own(lambda b: bin_index(b[0], config.bins), buffer)
-        sums = binned_sums(x, y, live, config.bins, idx)
 
-        def fit(sum_x, sum_y, count):
-            new = binned_fit_from_sums(sum_x, sum_y, count)
+        def fit(rows):
+            count = rows[:, 2].astype(jnp.int32)
+            new = binned_fit_from_sums(rows[:, 0], rows[:, 1], count)
             return new, by_bin(new, count)
 
-        new, table = _on_its_own(fit, *sums)
+        # binned_sum_rows without its masking pass: slots past buf_len were
+        # never written, so hold zeros, and only their count needs masking.
+        rows = jnp.stack([x, y, live.astype(x.dtype)], axis=-1)
+        new, table = _on_its_own(fit, add_rows_by_bin(rows, idx, config.bins))
         xh = jnp.where(new.valid, predict_in_bins(table, x, idx), x)
     else:
         new = isotonic_fit(x, y, mask=live)
         xh = apply_calibration(new, x)
-    stats = _bias_stats(x, xh, y, live)
+    def adopt(packed, new, sums):
+        return pack(_keep_if_valid(unpack_packed(packed, config), new, *_bias_from_sums(*sums)))
 
-    def adopt(packed, new, stats):
-        return pack(_keep_if_valid(unpack_packed(packed, config), new, *stats))
-
-    return _on_its_own(adopt, packed, new, stats)
+    return _on_its_own(adopt, packed, new, _bias_sums(x, xh, y, live))
 
 
 def _advance(st: Fields, sel: Array, ranked: tuple[Array, Array] | None = None) -> tuple[Fields, Array]:
