@@ -120,12 +120,14 @@ def bias_stats(x: Array, y: Array, fitted: MonotoneMap | None = None, mask: Arra
     return _bias_from_sums(*_bias_sums(x, x if fitted is None else apply_calibration(fitted, x), y, m))
 
 
-def _bias_sums(x, xh, y, m):
+def _bias_sums(x, xh, y, m, sums=None):
     """The sums ``bias_stats`` needs, given the calibrated scores ``xh``:
-    (count, sum x, sum xh, sum y) and the two centred sums of squares."""
+    ``sums`` (count, sum x, sum xh, sum y; computed unless given) and the two
+    centred sums of squares."""
     # Two passes, each one reduction over stacked rows (few XLA operations:
     # on CPU each costs more to launch than these sums cost to compute).
-    sums = jnp.where(m, jnp.stack([jnp.ones_like(x), x, xh, y]), 0.0).sum(axis=1)
+    if sums is None:
+        sums = jnp.where(m, jnp.stack([jnp.ones_like(x), x, xh, y]), 0.0).sum(axis=1)
     x_bar, xh_bar, y_bar = sums[1:] / jnp.maximum(sums[0], 1.0)
     d = jnp.stack([(x - x_bar) - (y - y_bar), (xh - xh_bar) - (y - y_bar)])
     return sums, jnp.where(m, d * d, 0.0).sum(axis=1)
@@ -237,20 +239,24 @@ def _refit(packed: tuple[Array, Array, Array], buffer: Array, config: Correction
         def fit(rows):
             count = rows[:, 2].astype(jnp.int32)
             new = binned_fit_from_sums(rows[:, 0], rows[:, 1], count)
-            return new, by_bin(new, count)
+            return new, by_bin(new, count), rows.sum(axis=0)
 
         # binned_sum_rows without its masking pass: slots past buf_len were
         # never written, so hold zeros, and only their count needs masking.
         rows = jnp.stack([x, y, live.astype(x.dtype)], axis=-1)
-        new, table = _on_its_own(fit, add_rows_by_bin(rows, idx, config.bins))
+        new, table, (sum_x, sum_y, count) = _on_its_own(fit, add_rows_by_bin(rows, idx, config.bins))
         xh = jnp.where(new.valid, predict_in_bins(table, x, idx), x)
+        # The bins' totals are the bias statistics' first pass but for xh.
+        sums = jnp.stack([count, sum_x, jnp.where(live, xh, 0.0).sum(), sum_y])
     else:
         new = isotonic_fit(x, y, mask=live)
         xh = apply_calibration(new, x)
+        sums = None
+
     def adopt(packed, new, sums):
         return pack(_keep_if_valid(unpack_packed(packed, config), new, *_bias_from_sums(*sums)))
 
-    return _on_its_own(adopt, packed, new, _bias_sums(x, xh, y, live))
+    return _on_its_own(adopt, packed, new, _bias_sums(x, xh, y, live, sums))
 
 
 def _advance(st: Fields, sel: Array, ranked: tuple[Array, Array] | None = None) -> tuple[Fields, Array]:
@@ -330,9 +336,9 @@ def _push_and_calibrate(state: CorrectionState, xy: Array, pair: Array):
         (packed state, calibrated float[N, G], (rank, m)): group i calibrated
         by the map after all refits up to its last pair (for a group without
         pairs: the map at its turn); each pair's 1-based rank among the
-        step's pairs and their number, for ``_advance``. The buffer the refits saw is dropped: the step's pairs land
-        where ``_advance`` of the whole step puts them, so the caller writes
-        them all at once, in place.
+        step's pairs and their number, for ``_advance``. The buffer the
+        refits saw is dropped: the step's pairs land where ``_advance`` of the
+        whole step puts them, so the caller writes them all at once, in place.
     """
     n, g = pair.shape
     sel = pair.reshape(-1)
