@@ -86,7 +86,7 @@ def _null_step(state, wm_rewards, wm_graded, real_rewards, real_graded, is_ancho
 
 def _null_step_unpacked(state, wm_rewards, wm_graded, real_rewards, real_graded, is_anchor):
     """``_null_step`` returning ``out`` as the plain dict of its 13 arrays:
-    what packing the outputs into a StepOutput (three arrays) saves a call."""
+    what packing the outputs into a StepOutput (two arrays) saves a call."""
     state, out = _null_step(state, wm_rewards, wm_graded, real_rewards, real_graded, is_anchor)
     return state, dict(out)
 
@@ -112,7 +112,7 @@ def bench_step(repeats: int, steps_per_repeat: int = 64):
     fields = dataclasses.replace(_state.unpack(C.init_correction_state(cap=cap)),
                                  buf_len=jnp.int32(cap), n_pairs=jnp.int32(cap))
     buffer = jnp.asarray(np.stack([fill_x, fill_y]), jnp.float32)
-    state = jax.jit(lambda f, b: C.CorrectionState(b, *C._refit(_state.pack(f), b, f.config), f.config))(
+    state = jax.jit(lambda f, b: C.CorrectionState(b, C._refit(_state.pack(f), b, f.config), f.config))(
         fields, buffer)
     loop = ref.CorrectionLoop(cap=cap)
     loop.debiaser.pairs = [(float(a), float(b)) for a, b in zip(fill_x.astype(np.float32), fill_y.astype(np.float32))]
@@ -273,7 +273,7 @@ def main(argv=None):
           "      nothing from running on XLA's worker thread, and pays a thread hand-off per call.\n"
           "  [2] a jitted program with correct_step's inputs, donated state and outputs that does no\n"
           "      work (launch/bench_corrections._null_step): what any per-call step pays first.")
-    print(f"  the same floor returning out as 13 separate arrays instead of a StepOutput's 3: "
+    print(f"  the same floor returning out as 13 separate arrays instead of a StepOutput's 2: "
           f"{t_unpacked * 1e3:.3f} ms ({t_unpacked_sync * 1e3:.3f} ms synchronous), "
           f"{t_unpacked / t_null:.2f}x ({t_unpacked_sync / t_null_sync:.2f}x)")
     print(f"  one more XLA:CPU operation in a jitted call (bench_per_op): {op_async:.2f} us "

@@ -277,7 +277,7 @@ def test_step_output_reads_as_the_documented_dict_by_name_dtype_and_value():
             "bias_before", "bias_after", "bias_reduction", "disagreement", "pairs_in_buffer",
             "anchor_fraction")
     assert tuple(out) == keys and len(out) == len(keys) and set(dict(out)) == set(keys)
-    assert len(jax.tree.leaves(out)) == 3  # rewards and float diagnostics, advantages, the ints
+    assert len(jax.tree.leaves(out)) == 2  # the float [N, G] arrays; the ints and float bits
     host = jax.device_get(out)
     assert isinstance(host, C.StepOutput) and isinstance(host["n_fits"], np.integer | np.ndarray)
     want = dict(calibrated=state.valid, n_fits=state.n_fits, bias_before=state.bias_before,
@@ -297,6 +297,7 @@ def test_step_output_reads_as_the_documented_dict_by_name_dtype_and_value():
     xs = tuple(jnp.stack(a) for a in zip(*stream[-3:]))
     _, outs = jax.jit(lambda s, xs: jax.lax.scan(lambda c, x: C.correct_step(c, *x), s, xs))(state, xs)
     assert outs["n_fits"].shape == (3,) and outs["rewards"].shape == (3, *stream[0][0].shape)
+    assert outs["bias_after"].shape == (3,) and outs["bias_after"].dtype == jnp.float32
     last = jax.jit(lambda s, a: C.correct_step(s, *a)[1]["n_fits"] + 0)(state, stream[-1])
     assert int(last) == int(outs["n_fits"][0])
 
@@ -315,4 +316,14 @@ def test_bench_corrections_step_runs(launch_script):
 def test_correct_step_matches_reference_in_float64():
     with jax.enable_x64(True):
         seen = _run(dict(), steps=110, seed=7, dtype_tol=1e-9, cast=np.float64)
+        # The float diagnostics travel as two int32 words each: every key
+        # reads back the same on device and on the host, in float64.
+        state = C.init_correction_state(**SMALL)
+        for args in list(_stream(3, 12)):
+            state, out = STEP(state, *(a.astype(np.float64) if a.dtype == np.float32 else a for a in args))
+        host = jax.device_get(out)
+        assert out["bias_after"].dtype == np.float64 == host["bias_after"].dtype
+        for k in out:
+            np.testing.assert_array_equal(np.asarray(out[k]), np.asarray(host[k]), err_msg=k)
+        np.testing.assert_array_equal(np.asarray(out["disagreement"]), np.asarray(state.ewma))
     assert seen["fits"] >= 3 and seen["c"]

@@ -1,12 +1,14 @@
-"""The corrections' state: a packed pytree of four arrays, and its named view.
+"""The corrections' state: a packed pytree of two arrays, and its named view.
 
 Why packed: a host loop calls the jitted ``correct_step`` once per training
 step, and every call flattens, checks, donates and re-creates each leaf of the
 state -- a few microseconds per leaf. Twenty-nine scalar-sized leaves cost
 more to dispatch than the step costs to compute (measured: a donated identity
-jit over them took ~0.09 ms, over four arrays ~0.02 ms). So the state holds
-four arrays -- the ring buffer, the map's knots, the int32 counters and flags,
-the float scalars -- and every named field is a read-only property over them.
+jit over them took ~0.09 ms, over four arrays ~0.02 ms, and two arrays save
+another ~2 us a call over four). So the state holds two arrays -- the ring
+buffer, and one int32 vector of everything else (the counters and flags, then
+the map's knots and the float scalars as their bits) -- and every named field
+is a read-only property over them.
 
 Inside a jitted function the mechanics work on :class:`Fields`, every field
 but the ring buffer, unpacked (one value each, so XLA sees plain scalars);
@@ -22,6 +24,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 from wmrl_jax._isotonic import MonotoneMap
 
@@ -74,35 +78,66 @@ class CorrectionConfig:
     cap: int = 5000  # FIFO of the newest pairs: the map tracks the current policy
     bins: int = 10  # equal-width bins over [0, 1] (binned calibration)
     calibration: str = "binned"  # "binned" (paper) or "exact" isotonic
+    dtype: str = "float32"  # the scores' (and every float field's) dtype
+
+    @property
+    def knots(self) -> int:
+        """Knot slots of the map: bins (binned) or cap (exact)."""
+        return self.bins if self.calibration == "binned" else self.cap
+
+    @property
+    def words(self) -> int:
+        """int32 words per float in ``CorrectionState.fields``."""
+        return jnp.dtype(self.dtype).itemsize // 4
+
+    @property
+    def size(self) -> int:
+        """Length of ``CorrectionState.fields``."""
+        return len(COUNTERS) + self.words * (2 * self.knots + len(SCALARS))
 
 
 @functools.partial(
     jax.tree_util.register_dataclass,
-    data_fields=["buffer", "knots", "counters", "scalars"],
+    data_fields=["buffer", "fields"],
     meta_fields=["config"],
 )
 @dataclasses.dataclass(frozen=True)
 class CorrectionState:
-    """All correction state; a pytree of four arrays (checkpointable), config static.
+    """All correction state; a pytree of two arrays (checkpointable), config static.
 
     Attributes:
         buffer: float[2, cap], the ring buffer's WM scores (row 0) and real
             scores (row 1). The FIFO fills from slot 0, so slots past
             ``buf_len`` were never written and hold zeros (a refit relies on it).
-        knots: float[2, K], the current map's knots_x / knots_y (K = bins for
-            the binned map, cap for the exact one).
-        counters: int32[len(COUNTERS)], counters and bool flags.
-        scalars: float[len(SCALARS)], EWMA, constant, diagnostics, settings.
+        fields: int32[config.size]: ``COUNTERS``, then the bits of the map's
+            knots_x and knots_y (K = bins for the binned map, cap for the
+            exact one) and of ``SCALARS``, in ``config.dtype``.
 
     Every field of ``COUNTERS`` and ``SCALARS`` reads as an attribute
-    (``state.n_fits``, ``state.c``), as do ``buf_x``, ``buf_y`` and ``fitted``.
+    (``state.n_fits``, ``state.c``), as do ``counters``, ``knots``,
+    ``scalars``, ``buf_x``, ``buf_y`` and ``fitted``.
     """
 
     buffer: Array
-    knots: Array
-    counters: Array
-    scalars: Array
+    fields: Array
     config: CorrectionConfig
+
+    @property
+    def counters(self) -> Array:
+        """int32[len(COUNTERS)]."""
+        return self.fields[:len(COUNTERS)]
+
+    @property
+    def knots(self) -> Array:
+        """float[2, K]: knots_x, knots_y."""
+        k = self.config.knots
+        return _floats(self.fields, len(COUNTERS), 2 * k, self.config).reshape(2, k)
+
+    @property
+    def scalars(self) -> Array:
+        """float[len(SCALARS)]."""
+        start = len(COUNTERS) + self.config.words * 2 * self.config.knots
+        return _floats(self.fields, start, len(SCALARS), self.config)
 
     @property
     def buf_x(self) -> Array:
@@ -115,6 +150,18 @@ class CorrectionState:
     @property
     def fitted(self) -> MonotoneMap:
         return MonotoneMap(self.knots[0], self.knots[1], self.n_knots, self.valid)
+
+
+def _floats(fields: Array, start: int, n: int, config: CorrectionConfig) -> Array:
+    """The n floats whose bits start at ``fields[start]``."""
+    w = config.words
+    bits = fields[start:start + w * n]
+    return lax.bitcast_convert_type(bits if w == 1 else bits.reshape(n, w), jnp.dtype(config.dtype))
+
+
+def _bits(x: Array) -> Array:
+    """int32 words of the floats x (flattened)."""
+    return lax.bitcast_convert_type(x, jnp.int32).reshape(-1)
 
 
 def _counter(i: int, name: str):
@@ -175,10 +222,10 @@ def unpack(state: CorrectionState) -> Fields:
                   config=state.config)
 
 
-def unpack_packed(packed: tuple[Array, Array, Array], config: CorrectionConfig) -> Fields:
-    """``unpack`` of the state ``(knots, counters, scalars)`` (as ``pack``
-    returns it), with no buffer: ``unpack`` never reads one."""
-    return unpack(CorrectionState(None, *packed, config))
+def unpack_packed(fields: Array, config: CorrectionConfig) -> Fields:
+    """``unpack`` of a state's ``fields`` (as ``pack`` returns them), with no
+    buffer: ``unpack`` never reads one."""
+    return unpack(CorrectionState(None, fields, config))
 
 
 def _vector(values, dtype) -> Array:
@@ -196,14 +243,15 @@ def _vector(values, dtype) -> Array:
     return out
 
 
-def pack(f: Fields) -> tuple[Array, Array, Array]:
-    """(knots, counters, scalars) of ``f``: with the buffer, a CorrectionState."""
+def pack(f: Fields) -> Array:
+    """The ``fields`` of ``f``: with the buffer, a CorrectionState."""
     fitted = f.fitted
-    dtype = fitted.knots_x.dtype
+    dtype = jnp.dtype(f.config.dtype)
     ints = dict(n_knots=fitted.n_knots, valid=fitted.valid)
     counters = _vector([ints[k] if k in ints else getattr(f, k) for k in COUNTERS], jnp.int32)
     scalars = _vector([getattr(f, k) for k in SCALARS], dtype)
-    return jnp.stack([fitted.knots_x, fitted.knots_y]), counters, scalars
+    knots = jnp.concatenate([fitted.knots_x, fitted.knots_y]).astype(dtype)
+    return jnp.concatenate([counters, _bits(knots), _bits(scalars)])
 
 
 def init_correction_state(
@@ -234,20 +282,17 @@ def init_correction_state(
             raise ValueError(f"{name}: {v!r}, expected an integer >= {lo}")
     if not w_max >= 1.0:
         raise ValueError(f"w_max: {w_max!r}, expected >= 1")
-    config = CorrectionConfig(int(cap), int(bins), calibration)
     dtype = jnp.zeros(()).dtype if dtype is None else jnp.dtype(dtype)
-    k = config.bins if calibration == "binned" else config.cap
+    config = CorrectionConfig(int(cap), int(bins), calibration, dtype.name)
+    k = config.knots
     settings = dict(debias=int(bool(debias)), denoise=int(bool(denoise)), min_pairs=int(min_pairs),
                     refit_every=int(refit_every), warmup=int(warmup),
                     alpha=1.0 - 0.5 ** (1.0 / max(1.0, float(half_life))), w_max=float(w_max),
                     target_weight=float(target_weight))
-    return CorrectionState(
-        buffer=jnp.zeros((2, config.cap), dtype),
-        knots=jnp.zeros((2, k), dtype),
-        counters=jnp.asarray([settings.get(n, 0) for n in COUNTERS], jnp.int32),
-        scalars=jnp.asarray([settings.get(n, 0.0) for n in SCALARS], dtype),
-        config=config,
-    )
+    counters = jnp.asarray([settings.get(n, 0) for n in COUNTERS], jnp.int32)
+    floats = jnp.asarray([0.0] * (2 * k) + [settings.get(n, 0.0) for n in SCALARS], dtype)
+    return CorrectionState(buffer=jnp.zeros((2, config.cap), dtype),
+                           fields=jnp.concatenate([counters, _bits(floats)]), config=config)
 
 
 # ----------------------------------------------------------------- step output
@@ -256,13 +301,15 @@ def init_correction_state(
 # hand back synchronously and ~4 us with asynchronous dispatch (measured: a
 # no-op program with correct_step's inputs took 48 / 95 us returning its
 # thirteen outputs one by one, 27 / 39 us returning them as two arrays;
-# launch/bench_corrections.py prints its no-op floor with the 13 and with the
-# 3 arrays below, e.g. 0.066 vs 0.038 ms a call). So the outputs travel as
-# three arrays and read back by name. Why not two: at
-# paper size (8 x 8) each of the three holds <= 512 bytes, and XLA:CPU runs a
-# computation whose buffers are all that small one operation after another
-# on the calling thread; one bigger buffer would send the whole no-refit
-# step through its dependency-tracking executor (measured 2.5x slower).
+# launch/bench_corrections.py prints its no-op floor with the 13 outputs and
+# with these 2, e.g. 0.066 vs 0.038 ms a call). So the outputs travel as two
+# arrays and read back by name: the float [N, G] arrays, and an int32 one of
+# the masks, the counts and the bits of the float diagnostics. Why the
+# diagnostics go with the ints: at paper size (8 x 8) each array then holds
+# <= 512 bytes, and XLA:CPU runs a computation whose buffers are all that
+# small one operation after another on the calling thread; one bigger buffer
+# would send the whole no-refit step through its dependency-tracking executor
+# (measured 2.5x slower).
 STEP_FLOATS = (
     "anchor_weight",  # the anchor groups' advantage weight this step
     "bias_before",  # the last successful refit's diagnostics, on its buffer
@@ -283,33 +330,32 @@ STEP_KEYS = (*STEP_ARRAYS, "anchor_weight", "calibrated", "n_fits", "bias_before
 assert sorted(STEP_KEYS) == sorted((*STEP_ARRAYS, *STEP_FLOATS, *STEP_INTS))
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["floats", "advantages", "ints"],
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["floats", "ints"],
                    meta_fields=["n_groups", "group_size"])
 @dataclasses.dataclass(frozen=True)
 class StepOutput(collections.abc.Mapping):
-    """``correct_step``'s outputs: a read-only mapping over three packed arrays.
+    """``correct_step``'s outputs: a read-only mapping over two packed arrays.
 
     Reads like the dict it stands for -- ``out["advantages"]``,
     ``out["n_fits"]``, ``dict(out)``, ``out.items()`` -- with keys
     ``STEP_KEYS``: ``rewards`` / ``advantages`` float[N, G], ``graded`` bool[N,
     G], ``used`` bool[N], ``calibrated`` bool, ``n_fits`` / ``pairs_in_buffer``
-    int32, the rest floats. As a pytree its leaves are the three arrays, so a
+    int32, the rest floats. As a pytree its leaves are the two arrays, so a
     scan stacks them (every key then gains the leading axis) and
-    ``jax.device_get(out)`` is one transfer of three arrays. Reading a key slices
-    them: free inside a jit, a numpy view after ``device_get``, an eager op
-    each on device arrays (so on the host, ``device_get`` first).
+    ``jax.device_get(out)`` is one transfer of two arrays. Reading a key slices
+    them: free inside a jit, a numpy view (a small copy for the float
+    diagnostics) after ``device_get``, an eager op each on device arrays (so on
+    the host, ``device_get`` first).
 
     Attributes:
-        floats: float[..., N G + len(STEP_FLOATS)]: rewards, then
-            STEP_FLOATS.
-        advantages: float[..., N, G].
-        ints: int32[..., N G + N + len(STEP_INTS)]: graded, used, then
-            STEP_INTS.
+        floats: float[..., 2 N G]: rewards, then advantages.
+        ints: int32[..., N G + N + len(STEP_INTS) + w len(STEP_FLOATS)]:
+            graded, used, STEP_INTS, then the bits of STEP_FLOATS (w int32
+            words each: 1 for float32, 2 for float64).
         n_groups, group_size: N and G (static).
     """
 
     floats: Array
-    advantages: Array
     ints: Array
     n_groups: int
     group_size: int
@@ -318,19 +364,24 @@ class StepOutput(collections.abc.Mapping):
         n, g = self.n_groups, self.group_size
         ng = n * g
         lead = self.floats.shape[:-1]
-        if key == "rewards":
-            return self.floats[..., :ng].reshape(*lead, n, g)
-        if key == "advantages":
-            return self.advantages
+        if key in ("rewards", "advantages"):
+            start = 0 if key == "rewards" else ng
+            return self.floats[..., start:start + ng].reshape(*lead, n, g)
         if key == "graded":
             return self.ints[..., :ng].reshape(*lead, n, g).astype(bool)
         if key == "used":
             return self.ints[..., ng:ng + n].astype(bool)
-        if key in _FLOAT_INDEX:
-            return self.floats[..., ng + _FLOAT_INDEX[key]]
         if key in _INT_INDEX:
             v = self.ints[..., ng + n + _INT_INDEX[key]]
             return v.astype(bool) if key == "calibrated" else v
+        if key in _FLOAT_INDEX:
+            dtype = self.floats.dtype
+            w = dtype.itemsize // 4
+            start = ng + n + len(STEP_INTS) + w * _FLOAT_INDEX[key]
+            bits = self.ints[..., start:start + w]
+            if isinstance(bits, np.ndarray):
+                return np.ascontiguousarray(bits).view(dtype)[..., 0]
+            return lax.bitcast_convert_type(bits[..., 0] if w == 1 else bits, dtype)
         raise KeyError(f"{key!r}: not an output of correct_step; expected one of {STEP_KEYS}")
 
     def __iter__(self):
@@ -352,8 +403,9 @@ def step_output(rewards, graded, advantages, used, **diagnostics) -> StepOutput:
         raise ValueError(f"step_output: diagnostics {sorted(missing)} missing or unexpected")
     n, g = rewards.shape
     dtype = rewards.dtype
-    floats = jnp.concatenate([rewards.reshape(-1),
-                              jnp.stack([jnp.asarray(diagnostics[k]).astype(dtype) for k in STEP_FLOATS])])
+    floats = jnp.concatenate([rewards.reshape(-1), advantages.astype(dtype).reshape(-1)])
+    diag = jnp.stack([jnp.asarray(diagnostics[k]).astype(dtype) for k in STEP_FLOATS])
     ints = jnp.concatenate([graded.reshape(-1).astype(jnp.int32), used.astype(jnp.int32),
-                            jnp.stack([jnp.asarray(diagnostics[k]).astype(jnp.int32) for k in STEP_INTS])])
-    return StepOutput(floats, advantages.astype(dtype), ints, n, g)
+                            jnp.stack([jnp.asarray(diagnostics[k]).astype(jnp.int32) for k in STEP_INTS]),
+                            _bits(diag)])
+    return StepOutput(floats, ints, n, g)

@@ -173,7 +173,7 @@ def group_disagreement(calibrated: Array, real: Array, mask: Array | None = None
 
 
 # ----------------------------------------------------------------------- state
-# CorrectionState is four packed arrays (see _correction_state for why); the
+# CorrectionState is two packed arrays (see _correction_state for why); the
 # mechanics below work on its unpacked view, Fields, and the ring buffer
 # ``buffer`` float[2, cap] (WM scores; real scores), passed only where touched.
 
@@ -215,11 +215,10 @@ def _keep_if_valid(st: Fields, new: MonotoneMap, before, after, red) -> Fields:
     )
 
 
-def _refit(packed: tuple[Array, Array, Array], buffer: Array, config: CorrectionConfig):
+def _refit(packed: Array, buffer: Array, config: CorrectionConfig):
     """Fit on the whole buffer; keep the old map if the fit is degenerate.
 
-    Works on the packed state ``(knots, counters, scalars)`` and returns it
-    packed. The buffer-sized work (bin sums, bias statistics; the exact fit)
+    Works on the state's packed ``fields`` and returns them packed. The buffer-sized work (bin sums, bias statistics; the exact fit)
     stays here; the small work runs ``_on_its_own``.
     """
     x, y = buffer[0], buffer[1]
@@ -359,35 +358,31 @@ def _push_and_calibrate(state: CorrectionState, xy: Array, pair: Array):
         return _pushes_to_refit(unpack_packed(packed, state.config)) <= total - p0
 
     def segment(packed, p0, cal):
-        # Returns the counters only: the map and the floats pass unchanged
-        # (and would cost a copy each to hand back).
         st = unpack_packed(packed, state.config)
         k = p0 + _pushes_to_refit(st)
         cal = calibrate(st, p0, cal)
         ranked = ordinal - p0, jnp.minimum(k, total) - p0  # pairs p0+1..k
         st, slot = _advance(st, sel & (ordinal > p0) & (ordinal <= k), ranked)
-        return pack(st)[1], slot, k, cal
+        return pack(st), slot, k, cal
 
     def body(carry):
         # The barrier keeps XLA from hoisting the settings' unpacking out of
         # the loop: as loop-carried scalars they would cost an operation each.
         packed, buffer, p0, cal = lax.optimization_barrier(carry)
-        counters, slot, k, cal = _on_its_own(segment, packed, p0, cal)
-        packed = (packed[0], counters, packed[2])
+        packed, slot, k, cal = _on_its_own(segment, packed, p0, cal)
         buffer = _scatter(buffer, slot, xy)
         return _refit(packed, buffer, state.config), buffer, k, cal
 
-    packed = (state.knots, state.counters, state.scalars)
-    packed, buffer, p0, cal = lax.while_loop(due, body, (packed, state.buffer, jnp.int32(0), wm))
+    packed, buffer, p0, cal = lax.while_loop(due, body, (state.fields, state.buffer, jnp.int32(0), wm))
 
     def post(packed, p0, cal):
         st = unpack_packed(packed, state.config)
         cal = calibrate(st, p0, cal)
         st, _ = _advance(st, sel & (ordinal > p0), (ordinal - p0, total - p0))
-        return pack(st)[1], cal
+        return pack(st), cal
 
-    counters, cal = _on_its_own(post, packed, p0, cal)
-    return (packed[0], counters, packed[2]), cal, (ordinal, total)
+    packed, cal = _on_its_own(post, packed, p0, cal)
+    return packed, cal, (ordinal, total)
 
 
 def _ewma_update(ewma, n_obs, c_set, fix_at, alpha, warmup, s2, do):
@@ -476,7 +471,7 @@ def correct_step(
         ``bias_reduction``, ``disagreement`` (EWMA), ``pairs_in_buffer``,
         ``anchor_fraction`` (realised, over the run). ``out`` is a
         :class:`StepOutput`: it reads as that dict (``out["n_fits"]``,
-        ``dict(out)``) while its pytree is three packed arrays, which a jitted
+        ``dict(out)``) while its pytree is two packed arrays, which a jitted
         call hands back far faster than thirteen.
     """
     wm_rewards = jnp.asarray(wm_rewards)
@@ -557,9 +552,9 @@ def correct_step(
     # touch <= 512 bytes; a refit-capable step is far above both inside the
     # branches, so what stays at the top is kept to these few.
     refit = _pushes_to_refit(unpack(state)) <= inputs()[-1].sum()
-    ((knots, counters, scalars), out), slot, xy = lax.cond(refit, in_order, no_refit)
+    (fields, out), slot, xy = lax.cond(refit, in_order, no_refit)
     buffer = _scatter(state.buffer, slot, xy)
-    return CorrectionState(buffer, knots, counters, scalars, state.config), out
+    return CorrectionState(buffer, fields, state.config), out
 
 
 def _diagnostics(st: CorrectionState) -> dict:
