@@ -225,10 +225,14 @@ def binned_fit_from_sums(sum_x: Array, sum_y: Array, count: Array) -> MonotoneMa
     pop = count > 0
     cnt = count.astype(dtype)
     idx = jnp.arange(bins)
-    # band[j, k, l] = j <= l <= k; the block sums as one masked reduction
-    # (an einsum is two matrix products: dots cost XLA:CPU ~5 us each to launch).
+    # band[j, k, l] = j <= l <= k; the block sums as masked reductions (an
+    # einsum is a matrix product: XLA:CPU launches a dot as a library call).
+    # Two of them, not one over stacked rows: every buffer of this small
+    # computation has to stay <= 512 bytes for XLA:CPU to run it one
+    # operation after another (a [2, 10, 10] float32 one is 800).
     band = (idx[None, None, :] >= idx[:, None, None]) & (idx[None, None, :] <= idx[None, :, None])
-    blk_y, blk_c = jnp.where(band, jnp.stack([sum_y, cnt])[:, None, None, :], 0.0).sum(axis=-1)
+    blk_y = jnp.where(band, sum_y, 0.0).sum(axis=-1)
+    blk_c = jnp.where(band, cnt, 0.0).sum(axis=-1)
     pair_ok = pop[:, None] & pop[None, :] & (idx[:, None] <= idx[None, :])
     mean = jnp.where(pair_ok, blk_y / jnp.where(pair_ok, blk_c, 1.0), jnp.inf)
     # f_i = max_{j<=i} min_{k>=i} mean[j, k]
