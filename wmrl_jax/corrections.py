@@ -164,7 +164,9 @@ def group_disagreement(calibrated: Array, real: Array, mask: Array | None = None
     c = jnp.maximum(cnt, 1).astype(d.dtype)
     # (d - mean d) - (s - mean s) = u - mean u with u = d - s. Each pass is
     # one reduction over stacked rows: fewer XLA operations (on CPU each
-    # costs more to launch than these sums cost to compute).
+    # costs more to launch than these sums cost to compute). Measured in
+    # correct_step: a call without a refit 0.094 -> 0.065 ms, far more than
+    # the two operations it saves (XLA:CPU's costs are not all per operation).
     us = jnp.where(m, jnp.stack([d - s, s]), 0.0)
     centred = jnp.where(m, us - (us.sum(axis=-1, keepdims=True) / c), 0.0)
     var_u, var_s = (centred**2).sum(axis=-1) / c
@@ -218,8 +220,9 @@ def _keep_if_valid(st: Fields, new: MonotoneMap, before, after, red) -> Fields:
 def _refit(packed: Array, buffer: Array, config: CorrectionConfig):
     """Fit on the whole buffer; keep the old map if the fit is degenerate.
 
-    Works on the state's packed ``fields`` and returns them packed. The buffer-sized work (bin sums, bias statistics; the exact fit)
-    stays here; the small work runs ``_on_its_own``.
+    Works on the state's packed ``fields`` and returns them packed. The
+    buffer-sized work (bin sums, bias statistics; the exact fit) stays here;
+    the small work runs ``_on_its_own``.
     """
     x, y = buffer[0], buffer[1]
     live = jnp.arange(config.cap) < unpack_packed(packed, config).buf_len
