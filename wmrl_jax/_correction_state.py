@@ -302,7 +302,7 @@ def init_correction_state(
 # no-op program with correct_step's inputs took 48 / 95 us returning its
 # thirteen outputs one by one, 27 / 39 us returning them as two arrays;
 # launch/bench_corrections.py prints its no-op floor with the 13 outputs and
-# with these 2, e.g. 0.066 vs 0.038 ms a call). So the outputs travel as two
+# with these 2, e.g. 0.081 vs 0.038 ms a call). So the outputs travel as two
 # arrays and read back by name: the float [N, G] arrays, and an int32 one of
 # the masks, the counts and the bits of the float diagnostics. Why the
 # diagnostics go with the ints: at paper size (8 x 8) each array then holds
