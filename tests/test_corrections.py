@@ -302,6 +302,30 @@ def test_step_output_reads_as_the_documented_dict_by_name_dtype_and_value():
     assert int(last) == int(outs["n_fits"][0])
 
 
+def test_state_checkpoints_with_orbax_and_resumes_exactly(tmp_path):
+    """The state is two arrays and a static config: Orbax saves and restores
+    it as is, and the restored state takes the next step exactly like the
+    live one (the documented resume contract)."""
+    import orbax.checkpoint as ocp
+
+    stream = list(_stream(5, 30))
+    state = C.init_correction_state(**SMALL)
+    for args in stream[:-1]:
+        state, _ = STEP(state, *args)
+    assert int(state.n_fits) >= 1
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(tmp_path / "state", state)
+    checkpointer.wait_until_finished()
+    back = checkpointer.restore(tmp_path / "state", state)
+    assert isinstance(back, C.CorrectionState) and back.config == state.config
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    (s1, o1), (s2, o2) = STEP(state, *stream[-1]), STEP(back, *stream[-1])
+    for k in o1:
+        np.testing.assert_array_equal(np.asarray(o1[k]), np.asarray(o2[k]), err_msg=k)
+    np.testing.assert_array_equal(np.asarray(s1.fields), np.asarray(s2.fields))
+
+
 def test_bench_corrections_step_runs(launch_script):
     """The benchmark's step section runs end to end (its numbers are the
     benchmark's business, not a test's): five per-step times, all positive."""

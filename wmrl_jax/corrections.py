@@ -22,7 +22,7 @@ are also executed for real ("anchors"). Two kinds of WM error, two corrections
 Contracts: an unscored rollout is masked (``graded`` False), never scored 0.0
 -- a 0 would be a confident claim that the attempt was bad. NaN/inf rewards are
 ungraded. All state (ring buffer, map, EWMA, constant, counters) is one pytree
-of four arrays, so Orbax checkpoints it with the model and a resumed run
+of two arrays, so Orbax checkpoints it with the model and a resumed run
 continues exactly (few leaves: a jitted call per step pays per leaf).
 
 Everything is jit-able with static shapes: the FIFO is a ring buffer with a
