@@ -146,7 +146,7 @@ def test_predict_in_bins_matches_np_interp_on_the_fitted_pairs(seed):
 
     def calibrate(x, y, mask):
         idx = bin_index(x, 10)
-        sums = binned_sums(x, y, mask, 10, idx)
+        sums = binned_sums(x, y, mask, 10)
         fitted = binned_fit_from_sums(*sums)
         return fitted, predict_in_bins(by_bin(fitted, sums[2]), x, idx)
 

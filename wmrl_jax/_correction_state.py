@@ -90,11 +90,6 @@ class CorrectionConfig:
         """int32 words per float in ``CorrectionState.fields``."""
         return jnp.dtype(self.dtype).itemsize // 4
 
-    @property
-    def size(self) -> int:
-        """Length of ``CorrectionState.fields``."""
-        return len(COUNTERS) + self.words * (2 * self.knots + len(SCALARS))
-
 
 @functools.partial(
     jax.tree_util.register_dataclass,
@@ -109,9 +104,10 @@ class CorrectionState:
         buffer: float[2, cap], the ring buffer's WM scores (row 0) and real
             scores (row 1). The FIFO fills from slot 0, so slots past
             ``buf_len`` were never written and hold zeros (a refit relies on it).
-        fields: int32[config.size]: ``COUNTERS``, then the bits of the map's
-            knots_x and knots_y (K = bins for the binned map, cap for the
-            exact one) and of ``SCALARS``, in ``config.dtype``.
+        fields: int32[len(COUNTERS) + w (2 K + len(SCALARS))]: ``COUNTERS``,
+            then the bits of the map's knots_x and knots_y (K = bins for the
+            binned map, cap for the exact one) and of ``SCALARS``, in
+            ``config.dtype`` (w = ``config.words`` int32 words per float).
 
     Every field of ``COUNTERS`` and ``SCALARS`` reads as an attribute
     (``state.n_fits``, ``state.c``), as do ``counters``, ``knots``,

@@ -248,34 +248,29 @@ def binned_fit_from_sums(sum_x: Array, sum_y: Array, count: Array) -> MonotoneMa
     return MonotoneMap(knots_x, knots_y, n, n >= 2)
 
 
-def binned_sums(x: Array, y: Array, mask: Array, bins: int, idx: Array | None = None):
-    """Per-bin (sum x, sum y, count) of the masked pairs (``idx``: their
-    ``bin_index``, if already at hand)."""
-    s = binned_sum_rows(x, y, mask, bins, idx)
-    return s[:, 0], s[:, 1], s[:, 2].astype(jnp.int32)
-
-
 _ADD_ROWS = lax.ScatterDimensionNumbers(update_window_dims=(1,), inserted_window_dims=(0,),
                                         scatter_dims_to_operand_dims=(0,))
 
 
-def binned_sum_rows(x: Array, y: Array, mask: Array, bins: int, idx: Array | None = None) -> Array:
-    """``binned_sums`` as one float[bins, 3] array (columns: sum x, sum y,
-    count), so a caller can pass it on whole."""
+def binned_sums(x: Array, y: Array, mask: Array, bins: int):
+    """Per-bin (sum x, sum y, count) of the masked pairs."""
     # One scatter-add of the [n, 3] rows (x, y, 1) into [bins, 3]; masked
     # pairs get an out-of-range bin and are dropped (masking the rows instead
     # costs 4x more at n = 5000: XLA:CPU does not vectorise that select).
     # Counts are exact in float up to 2^24 pairs. On CPU, at n = 5000, faster
     # than the [bins, n] one-hot product it replaced: 82 vs 118-131 us a
     # jitted call, 26-29 vs 58-62 us inside a loop (the sums agree to 2e-6
-    # relative). lax.scatter_add takes the uint32 bins as they are (jnp's
-    # indexing would first convert them, a pass over n of its own).
-    idx = jnp.where(mask, bin_index(x, bins) if idx is None else idx, jnp.uint32(bins))
-    return add_rows_by_bin(jnp.stack([x, y, jnp.ones_like(x)], axis=-1), idx, bins)
+    # relative).
+    idx = jnp.where(mask, bin_index(x, bins), jnp.uint32(bins))
+    s = add_rows_by_bin(jnp.stack([x, y, jnp.ones_like(x)], axis=-1), idx, bins)
+    return s[:, 0], s[:, 1], s[:, 2].astype(jnp.int32)
 
 
 def add_rows_by_bin(rows: Array, idx: Array, bins: int) -> Array:
-    """Sum of ``rows`` float[n, k] per bin ``idx`` uint32[n] (>= bins: dropped)."""
+    """Sum of ``rows`` float[n, k] per bin ``idx`` uint32[n] (>= bins: dropped).
+
+    ``lax.scatter_add`` takes the uint32 bins as they are (jnp's indexing
+    would first convert them, a pass over n of its own)."""
     return lax.scatter_add(jnp.zeros((bins, rows.shape[1]), rows.dtype), idx[:, None], rows, _ADD_ROWS,
                            mode=lax.GatherScatterMode.FILL_OR_DROP)
 

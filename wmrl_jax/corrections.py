@@ -243,8 +243,8 @@ def _refit(packed: Array, buffer: Array, config: CorrectionConfig):
             new = binned_fit_from_sums(rows[:, 0], rows[:, 1], count)
             return new, by_bin(new, count), rows.sum(axis=0)
 
-        # binned_sum_rows without its masking pass: slots past buf_len were
-        # never written, so hold zeros, and only their count needs masking.
+        # binned_sums without its masking pass: slots past buf_len were never
+        # written, so hold zeros, and only their count needs masking.
         rows = jnp.stack([x, y, live.astype(x.dtype)], axis=-1)
         new, table, (sum_x, sum_y, count) = _on_its_own(fit, add_rows_by_bin(rows, idx, config.bins))
         xh = jnp.where(new.valid, predict_in_bins(table, x, idx), x)
