@@ -122,26 +122,102 @@ def bwrap_path() -> str | None:
     return shutil.which("bwrap")
 
 
-def _python_mounts() -> list[str]:
-    """Host directories the solution's python needs (its prefix and site-packages)."""
+# Mounted wholesale from the host (read-only) before anything else.
+_SYSTEM_TOPS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+
+
+def _resolve_links(path: str, max_hops: int = 40) -> tuple[list[tuple[str, str]], str]:
+    """Resolve `path` like the kernel does, recording every symlink met on the way.
+
+    Returns ([(link, its target as stored), ...] in resolution order, the real path).
+    Each recorded link sits in an already-resolved folder, so recreating the links
+    and binding the real folders reproduces every path that led to them.
+    """
+    links: list[tuple[str, str]] = []
+    pending = [c for c in reversed(os.path.abspath(path).split("/")) if c]
+    current = "/"
+    while pending:
+        part = pending.pop()
+        if part == ".":
+            continue
+        if part == "..":
+            current = os.path.dirname(current)
+            continue
+        candidate = os.path.join(current, part)
+        if os.path.islink(candidate) and len(links) < max_hops:
+            target = os.readlink(candidate)
+            links.append((candidate, target))
+            if target.startswith("/"):
+                current = "/"
+            pending.extend(c for c in reversed(target.split("/")) if c)
+        else:
+            current = candidate
+    return links, current
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _python_view(python: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """What the sandbox needs of the host interpreter: (real folders to bind, symlinks to recreate).
+
+    The interpreter is started by the path it has on the host (`python`, often
+    `<venv>/bin/python`), and a venv finds its `pyvenv.cfg` through that path,
+    so every link between it and the real files must exist inside too: its
+    prefix and base prefix (a venv, conda, pyenv, /opt, a home folder, /tmp),
+    the site-packages, and the interpreter's own symlink chain.
+    """
     import site
 
-    candidates = {sys.prefix, sys.base_prefix, sys.exec_prefix,
-                  os.path.dirname(os.path.realpath(sys.executable))}
+    wanted = [sys.prefix, sys.base_prefix, sys.exec_prefix, python]
     try:
-        candidates.update(site.getsitepackages())
+        wanted += site.getsitepackages()
     except AttributeError:   # virtualenv's old site.py
         pass
-    paths = sorted({os.path.realpath(p) for p in candidates if os.path.isdir(p)})
-    # /usr is mounted wholesale; drop anything already below another mount.
-    kept: list[str] = []
-    for p in paths:
-        if p == "/" or p.startswith("/usr/") or p == "/usr":
+    system = ["/" + top for top in _SYSTEM_TOPS]
+    links: dict[str, str] = {}
+    folders: set[str] = set()
+    for path in wanted:
+        if not os.path.exists(path):
             continue
-        if any(p == k or p.startswith(k + os.sep) for k in kept):
+        chain, real = _resolve_links(path)
+        links.update(chain)
+        folders.add(real if os.path.isdir(real) else os.path.dirname(real))
+    # Keep the outermost folders not already visible; a link inside a bound
+    # folder comes with it.
+    binds: list[str] = []
+    for folder in sorted(folders):
+        if folder == "/" or any(_under(folder, s) for s in system) or any(_under(folder, b) for b in binds):
             continue
-        kept.append(p)
-    return kept
+        binds.append(folder)
+    hidden = system + binds
+    kept_links = [(link, target) for link, target in links.items()
+                  if not any(_under(link, h) for h in hidden)]
+    return binds, kept_links
+
+
+def _python_mount_argv(python: str) -> list[str]:
+    """bwrap arguments that make `python` runnable inside; they must come after
+    the /tmp mount, which would otherwise hide an interpreter living under /tmp."""
+    binds, links = _python_view(python)
+    argv: list[str] = []
+    made: set[str] = set()
+
+    def parents(path: str) -> None:
+        # bwrap creates missing parents 0700 (root-only); the run's uid must traverse them.
+        for parent in _parents(path):
+            if parent not in made and parent not in ("/tmp", "/usr"):
+                argv.extend(["--perms", "0755", "--dir", parent])
+                made.add(parent)
+
+    for folder in binds:
+        parents(folder)
+        argv += ["--ro-bind", folder, folder]
+    for link, target in links:
+        parents(link)
+        argv += ["--symlink", target, link]
+    return argv
 
 
 def _parents(path: str) -> list[str]:
@@ -192,7 +268,7 @@ def _setpriv_argv(uid: int) -> list[str]:
 
 
 def _bwrap_argv(bwrap: str, *, work_dir: str, tmp_dir: str, data_dir: str, script: str,
-                limits: Limits) -> list[str]:
+                limits: Limits, python: str) -> list[str]:
     # --as-pid-1: the solution itself is the namespace's init. bwrap's own
     # reaper process would cost one more process start per run (~1/3 of the
     # overhead) and hides the tree's CPU rusage from us; when the solution
@@ -210,22 +286,15 @@ def _bwrap_argv(bwrap: str, *, work_dir: str, tmp_dir: str, data_dir: str, scrip
         host = "/etc/" + name
         if os.path.exists(host):
             argv += ["--ro-bind", host, host]
-    # bwrap creates missing parents 0700 (root-only); the run's uid must traverse them.
-    made: set[str] = set()
-    for mount in _python_mounts():
-        for parent in _parents(mount):
-            if parent not in made and parent not in ("/usr",):
-                argv += ["--perms", "0755", "--dir", parent]
-                made.add(parent)
-        argv += ["--ro-bind", mount, mount]
     argv += ["--dev", "/dev", "--size", str(int(limits.shm_mb) * 1024 * 1024), "--perms", "1777", "--tmpfs", "/dev/shm",
              "--proc", "/proc",
              "--perms", "0755", "--dir", SANDBOX_ROOT,
              "--ro-bind", data_dir, SANDBOX_DATA,
              "--ro-bind", script, SANDBOX_SCRIPT,
              "--bind", work_dir, SANDBOX_WORK,
-             "--bind", tmp_dir, "/tmp",
-             "--chdir", SANDBOX_WORK, "--"]
+             "--bind", tmp_dir, "/tmp"]
+    argv += _python_mount_argv(python)
+    argv += ["--chdir", SANDBOX_WORK, "--"]
     return argv
 
 
@@ -348,7 +417,7 @@ def execute(*, script: str, data_dir: str, run_dir: str, limits: Limits,
     if bwrap is not None:
         in_data, in_work, in_tmp = SANDBOX_DATA, SANDBOX_WORK, "/tmp"
         argv = _bwrap_argv(bwrap, work_dir=work_dir, tmp_dir=tmp_dir, data_dir=data_dir,
-                           script=script, limits=limits)
+                           script=script, limits=limits, python=python)
         script_arg = SANDBOX_SCRIPT
         cwd = None
     else:
