@@ -12,6 +12,9 @@ Why each layer:
 * bwrap gives a private file-system view: only the system libraries, the host
   python (read-only), the task's public data (read-only) and a fresh working
   directory exist; private answers and the rest of the host are simply absent.
+  The python is its prefix, base prefix, site-packages and the symlinks that
+  lead to its executable, recreated after the private /tmp so that a venv
+  anywhere (/tmp, /opt, conda, a home folder, behind a symlink) still runs.
   `--unshare-net` leaves only a down loopback, so even host 127.0.0.1 servers
   are unreachable. `--unshare-pid` makes the run a pid namespace whose init
   is the solution: when it exits or is killed, the kernel kills every process

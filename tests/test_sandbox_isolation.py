@@ -1,5 +1,6 @@
 """Hostile solutions: each behaviour is contained, and the next run is unaffected."""
 
+import ast
 import hashlib
 import os
 import pathlib
@@ -7,6 +8,7 @@ import re
 import secrets
 import shutil
 import socket
+import sys
 import time
 import warnings
 
@@ -102,7 +104,15 @@ print("roots", sorted(os.listdir("/")))
 '''
     r = sandbox.run_solution(crab, code, timeout_s=60)
     assert "visible []" in r.feedback, r.feedback
-    assert "roots ['bin', 'dev', 'etc', 'lib', 'lib64', 'proc', 'root', 'sandbox', 'sbin', 'tmp', 'usr']" in r.feedback
+    roots = set(ast.literal_eval(re.search(r"roots (\[.*?\])", r.feedback).group(1)))
+    # The sandbox's own mounts, the host's system folders, and whatever top-level
+    # folders the interpreter lives under (/root for pyenv, /opt for conda, ...)
+    # — derived here from sys and the file system, not from the sandbox's code.
+    own = {"dev", "etc", "proc", "sandbox", "tmp", "usr"}
+    system = {top for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32") if os.path.exists("/" + top)}
+    python = {p.split("/")[1] for p in (sys.prefix, sys.base_prefix, sys.executable,
+                                         os.path.realpath(sys.executable), os.path.realpath(sys.prefix))}
+    assert own <= roots and roots <= own | system | python, (sorted(roots), sorted(own | system | python))
 
 
 def test_submission_symlink_to_the_answers_scores_nothing(crab, baseline):
