@@ -62,6 +62,18 @@ class ExecutionResult:
     positions: Mapping[str, dict] | None = None
     cached: bool = False
 
+    def __repr__(self) -> str:
+        # One short line; the feedback (kilobytes of logs) and isolation details stay in the fields.
+        def num(x):
+            return "None" if x is None else repr(round(float(x), 4))
+
+        error = "" if self.error_type is None else f", error={self.error_type}" + (
+            f" at line {self.error_line}" if self.error_line is not None else "")
+        return (f"ExecutionResult(task={self.task_id!r}, status={self.status!r}, reward={num(self.reward)}, "
+                f"raw_score={num(self.raw_score)}, position={num(self.position_score)}{error}, "
+                f"wall_s={self.wall_s:.2f}, cpu_s={self.cpu_s:.2f}, feedback={len(self.feedback)} chars"
+                + (", cached" if self.cached else "") + ")")
+
 
 def code_sha256(code) -> str:
     data = code.encode("utf-8", errors="surrogatepass") if isinstance(code, str) else repr(code).encode()

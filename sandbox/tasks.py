@@ -69,6 +69,8 @@ class Task:
       metric_path: MLE-Dojo `utils/metric.py` or DSBench `evaluation/<comp>_eval.py` (or None).
       category: a label for per-category reports (from `info/task.json` when present).
       split: "train" / "test" / "" (from `info/task.json` when present).
+      metric: the metric's name for people: `info/task.json`'s "metric" when
+        present, else the MLE-Dojo metric class or the DSBench scorer's file name.
     """
 
     name: str
@@ -83,6 +85,15 @@ class Task:
     metric_path: pathlib.Path | None
     category: str = "uncategorized"
     split: str = ""
+    metric: str = ""
+
+    def __repr__(self) -> str:
+        # Short on purpose: the leaderboards are thousands of scores, the description pages of text.
+        boards = {name: int(np.size(scores)) for name, scores in self.leaderboards.items()}
+        better = "higher" if self.higher_is_better else "lower"
+        return (f"Task(name={self.name!r}, layout={self.layout!r}, metric={self.metric!r} ({better} is better), "
+                f"leaderboards={boards}, description={len(self.description)} chars, "
+                f"category={self.category!r}, split={self.split!r})")
 
     @property
     def task_id(self) -> str:
@@ -230,6 +241,7 @@ def _load_mle_dojo(root: pathlib.Path, category: str | None, split: str | None) 
         description=desc_path.read_text(encoding="utf-8") if desc_path else "",
         leaderboards=boards, higher_is_better=bool(metric.higher_is_better), metric_path=metric_path,
         category=category or meta.get("category", "uncategorized"), split=split or meta.get("split", ""),
+        metric=meta.get("metric", type(metric).__name__),
     )
 
 
@@ -258,6 +270,7 @@ def _load_dsbench(root: pathlib.Path, comp: str, category: str | None, split: st
         description=task_txt.read_text(encoding="utf-8"), leaderboards=boards,
         higher_is_better=bool(higher_is_better), metric_path=script if script.is_file() else None,
         category=category or meta.get("category", "uncategorized"), split=split or meta.get("split", ""),
+        metric=meta.get("metric", script.name if script.is_file() else ""),
     )
 
 

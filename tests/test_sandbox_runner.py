@@ -120,3 +120,20 @@ def test_dsbench_task_end_to_end(tmp_path):
     shutil.copytree(FIX / "dsbench", dst)
     r = sandbox.run_solution(sandbox.load_task(dst), GOOD, timeout_s=60)
     assert r.status == "valid" and 0.0 <= r.position_score <= 1.0
+
+
+def test_result_repr_is_one_short_line(crab):
+    r = sandbox.run_solution(crab, GOOD, timeout_s=60)
+    text = repr(r)
+    print(text)
+    assert text == (f"ExecutionResult(task={r.task_id!r}, status='valid', reward={round(r.reward, 4)!r}, "
+                    f"raw_score={round(r.raw_score, 4)!r}, position={round(r.position_score, 4)!r}, "
+                    f"wall_s={r.wall_s:.2f}, cpu_s={r.cpu_s:.2f}, feedback={len(r.feedback)} chars)")
+    assert str(r) == text and "\n" not in text and len(text) < 250
+    r = sandbox.run_solution(crab, "import os\nx = {}\nprint(x['missing'])\n", timeout_s=60)
+    assert "status='runtime_err', reward=0.1, raw_score=None, position=None, error=KeyError at line 3," in repr(r)
+    r = sandbox.run_solution(crab, "x = (", timeout_s=60)
+    assert "status='syntax_err', reward=0.0," in repr(r) and "error=SyntaxError at line 1" in repr(r)
+    unknown = sandbox.ExecutionResult(task_id="t", code_sha256="0", status="unknown", reward=None, cached=True)
+    assert repr(unknown) == ("ExecutionResult(task='t', status='unknown', reward=None, raw_score=None, "
+                             "position=None, wall_s=0.00, cpu_s=0.00, feedback=0 chars, cached)")

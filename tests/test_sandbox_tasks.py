@@ -11,6 +11,7 @@ import pytest
 from sklearn.metrics import accuracy_score, mean_absolute_error, roc_auc_score
 
 import sandbox
+import sandbox.suite
 from sandbox.grading import grade_submission
 from sandbox.tasks import TaskFormatError
 
@@ -175,3 +176,18 @@ def test_dsbench_generic_checks(tmp_path):
     assert not g.valid and "Number of rows" in g.message
     g = grade_submission(t, _write(tmp_path / "s.csv", ["id", "Age"], [[i, "nan"] for i in ids]))
     assert not g.valid and "NaN" in g.message
+
+
+def test_task_repr_is_one_short_line():
+    t = sandbox.load_task(ST)
+    text = repr(t)
+    print(text)
+    boards = {b: len(_rows(ST / "data" / "private" / f"{b}_leaderboard.csv")) for b in ("private", "public")}
+    assert text == (f"Task(name='spaceship-titanic', layout='mle-dojo', metric='SpaceshipTitanicMetrics' "
+                    f"(higher is better), leaderboards={boards}, description={len(t.description)} chars, "
+                    f"category='uncategorized', split='')")
+    assert str(t) == text and "\n" not in text and len(text) < 250   # not thousands of scores
+    # The embedded suite names its metric in info/task.json; DSBench falls back to its scorer's file.
+    iris = sandbox.load_task(sandbox.suite.suite_dir() / "iris_species")
+    assert "metric='accuracy' (higher is better)" in repr(iris) and "split='train'" in repr(iris)
+    assert "metric='playground-series-s3e16_eval.py' (lower is better)" in repr(sandbox.load_task(DSB))
