@@ -72,14 +72,23 @@ def test_nan_rewards_are_ungraded_and_never_propagate():
 def test_group_advantages_bad_input_names_the_argument():
     r = np.zeros((4, 8), np.float32)
     g = np.ones((4, 8), bool)
-    with pytest.raises(AssertionError, match="graded"):
-        losses.group_advantages(r, g[:, :7], np.zeros(4, bool), 1.0)
-    with pytest.raises(AssertionError, match="is_anchor"):
-        losses.group_advantages(r, g, np.zeros(5, bool), 1.0)
-    with pytest.raises(AssertionError, match="graded"):
-        losses.group_advantages(r, g.astype(np.float32), np.zeros(4, bool), 1.0)
-    with pytest.raises(AssertionError, match="rewards"):
-        losses.group_advantages(r[0], g[0], np.zeros(4, bool), 1.0)
+    a = np.zeros(4, bool)
+    cases = [
+        ((r, g[:, :7], a, 1.0), {}, ValueError, r"graded: shape \(4, 7\), expected \(4, 8\) \(like rewards"),
+        ((r, g, np.zeros(5, bool), 1.0), {}, ValueError, r"is_anchor: shape \(5,\), expected \(4,\)"),
+        ((r, g.astype(np.float32), a, 1.0), {}, TypeError, "graded: dtype float32, expected bool"),
+        ((r.astype(np.int32), g, a, 1.0), {}, TypeError, "rewards: dtype int32, expected a floating dtype"),
+        ((r[0], g[0], a, 1.0), {}, ValueError, r"rewards: shape \(8,\) \(rank 1\), expected rank 2 \[N groups"),
+        ((r, g, a, np.ones(4, np.float32)), {}, ValueError, r"anchor_weight: shape \(4,\), expected \(\) \(a scalar\)"),
+        ((r, g, a, 1.0), {"eps": 0.0}, ValueError, "eps: 0.0, expected a finite number > 0.0"),
+        ((r, g, a, 1.0), {"min_graded": 0}, ValueError, "min_graded: 0, expected an int >= 1"),
+    ]
+    for args, kwargs, error, message in cases:
+        with pytest.raises(error, match=message) as caught:
+            losses.group_advantages(*args, **kwargs)
+        print(caught.value)
+    # Centring only never divides, so eps=0 is fine there.
+    losses.group_advantages(r, g, a, 1.0, eps=0.0, standardize=False)
 
 
 # ---------------------------------------------------------------- grpo_loss
@@ -208,14 +217,26 @@ def test_no_gradient_through_old_ref_or_advantages():
 
 
 def test_grpo_loss_bad_input_names_the_argument():
-    logp, old, ref, adv, mask, _ = _inputs()
-    with pytest.raises(AssertionError, match="old_logp"):
-        losses.grpo_loss(logp, old[:, :3], ref, adv, mask)
-    with pytest.raises(AssertionError, match="advantages"):
-        losses.grpo_loss(logp, old, ref, adv[:2], mask)
-    with pytest.raises(AssertionError, match="mask"):
-        losses.grpo_loss(logp, old, ref, adv, mask.T)
-    with pytest.raises(ValueError, match="aggregation"):
-        losses.grpo_loss(logp, old, ref, adv, mask, aggregation="sum")
-    with pytest.raises(AssertionError, match="logp"):
-        losses.grpo_loss(logp[0], old[0], ref[0], adv, mask[0])
+    logp, old, ref, adv, mask, ent = _inputs()
+    b, t = logp.shape
+    cases = [
+        ((logp, old[:, :3], ref, adv, mask), {}, ValueError,
+         rf"old_logp: shape \({b}, 3\), expected \({b}, {t}\) \(like logp"),
+        ((logp, old, ref, adv[:2], mask), {}, ValueError,
+         rf"advantages: shape \(2,\), expected \[B\] = \({b},\) or \[B, T\] = \({b}, {t}\)"),
+        ((logp, old, ref, adv, mask.T), {}, ValueError, rf"mask: shape \({t}, {b}\), expected \({b}, {t}\)"),
+        ((logp[0], old[0], ref[0], adv, mask[0]), {}, ValueError, rf"logp: shape \({t},\) \(rank 1\), expected rank 2"),
+        ((logp, old.astype(np.int32), ref, adv, mask), {}, TypeError, "old_logp: dtype int32, expected a floating"),
+        ((logp, old, ref, adv, mask), {"entropy": ent[:, :1]}, ValueError, r"entropy: shape"),
+        ((logp, old, ref, adv, mask), {"aggregation": "sum"}, ValueError,
+         r"aggregation: 'sum', expected one of \('token-mean', 'seq-mean-token-mean'\)"),
+        ((logp, old, ref, adv, mask), {"clip_eps": -0.2}, ValueError, "clip_eps: -0.2, expected a finite number >= 0"),
+        ((logp, old, ref, adv, mask), {"clip_eps_high": float("nan")}, ValueError, "clip_eps_high: nan, expected"),
+        ((logp, old, ref, adv, mask), {"kl_coef": float("inf")}, ValueError, "kl_coef: inf, expected"),
+        ((logp, old, ref, adv, mask), {"entropy_coef": 0.002}, ValueError,
+         rf"entropy_coef: 0.002 but entropy is None; expected the per-token entropy float\[B, T\] = \({b}, {t}\)"),
+    ]
+    for args, kwargs, error, message in cases:
+        with pytest.raises(error, match=message) as caught:
+            losses.grpo_loss(*args, **kwargs)
+        print(caught.value)

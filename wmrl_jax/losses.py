@@ -1,9 +1,10 @@
 """GRPO: group-relative advantages and the clipped policy-gradient loss.
 
 Pure functions in the rlax style: each has its formula and source written out,
-checks its inputs on the first lines and stops gradients where a quantity is a
-target, not a variable. Nothing here imports more than jax, chex and numpy, so
-another JAX project can lift these functions as they are.
+checks its inputs on the first lines (a bad argument raises ValueError, or
+TypeError for a dtype, naming it, what it is and what was expected) and stops
+gradients where a quantity is a target, not a variable. Nothing here imports
+more than jax, so another JAX project can lift these functions as they are.
 
 Conventions
 -----------
@@ -17,29 +18,45 @@ Conventions
 
 from __future__ import annotations
 
-import chex
+import numbers
+
 import jax
 import jax.numpy as jnp
 
 Array = jax.Array
 
 
-# Thin wrappers over chex so that every failure names the argument and what
-# was expected (chex adds the actual and expected shape/dtype to the message).
-def _expect_shape(name: str, x: Array, shape: tuple[int, ...], what: str = "") -> None:
-    chex.assert_shape(x, tuple(shape), custom_message=f"{name}: expected shape {tuple(shape)} {what}".rstrip())
-
-
+# Bad arguments raise ValueError (shape, rank, value) or TypeError (dtype), as
+# `corrections.correct_step` does, naming the argument, what it is and what
+# was expected. Shapes and dtypes are static, so these run once at trace time
+# and cost nothing inside jit.
 def _expect_rank(name: str, x: Array, rank: int, what: str) -> None:
-    chex.assert_rank(x, rank, custom_message=f"{name}: expected rank {rank} {what}")
+    if x.ndim != rank:
+        raise ValueError(f"{name}: shape {tuple(x.shape)} (rank {x.ndim}), expected rank {rank} {what}")
+
+
+def _expect_shape(name: str, x: Array, shape: tuple[int, ...], what: str) -> None:
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name}: shape {tuple(x.shape)}, expected {tuple(shape)} {what}")
 
 
 def _expect_float(name: str, x: Array) -> None:
-    chex.assert_type(x, float, custom_message=f"{name}: expected a floating dtype")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"{name}: dtype {x.dtype}, expected a floating dtype")
 
 
 def _expect_bool(name: str, x: Array) -> None:
-    chex.assert_type(x, bool, custom_message=f"{name}: expected dtype bool")
+    if x.dtype != jnp.bool_:
+        raise TypeError(f"{name}: dtype {x.dtype}, expected bool")
+
+
+def _expect_number(name: str, value, lowest: float, *, strict: bool = False) -> None:
+    """A finite real number >= lowest (> lowest when strict); arrays (traced or not) pass unchecked."""
+    if not isinstance(value, numbers.Real):
+        return
+    ok = value > lowest if strict else value >= lowest
+    if not (ok and abs(float(value)) < float("inf")):
+        raise ValueError(f"{name}: {value!r}, expected a finite number {'>' if strict else '>='} {lowest}")
 
 
 def group_advantages(
@@ -93,6 +110,10 @@ def group_advantages(
     _expect_bool("is_anchor", is_anchor)
     anchor_weight = jnp.asarray(anchor_weight, dtype=rewards.dtype)
     _expect_shape("anchor_weight", anchor_weight, (), "(a scalar)")
+    if standardize:
+        _expect_number("eps", eps, 0.0, strict=True)   # a degenerate group would divide 0 by 0
+    if not (isinstance(min_graded, numbers.Integral) and min_graded >= 1):
+        raise ValueError(f"min_graded: {min_graded!r}, expected an int >= 1")
 
     valid = graded & jnp.isfinite(rewards)
     # Zero out invalid entries before any arithmetic: NaN * 0 is still NaN.
@@ -196,8 +217,8 @@ def grpo_loss(
     _expect_float("ref_logp", jnp.asarray(ref_logp))
     advantages = jnp.asarray(advantages)
     if advantages.shape not in (logp.shape[:1], logp.shape):
-        raise AssertionError(
-            f"advantages: shape {tuple(advantages.shape)}, expected [B] = {logp.shape[:1]} "
+        raise ValueError(
+            f"advantages: shape {tuple(advantages.shape)}, expected [B] = {tuple(logp.shape[:1])} "
             f"or [B, T] = {tuple(logp.shape)}"
         )
     _expect_float("advantages", advantages)
@@ -205,8 +226,17 @@ def grpo_loss(
         entropy = jnp.asarray(entropy)
         _expect_shape("entropy", entropy, logp.shape, "(like logp, [B, T])")
         _expect_float("entropy", entropy)
+    elif isinstance(entropy_coef, numbers.Real) and entropy_coef != 0:
+        # Otherwise the bonus would silently be 0.
+        raise ValueError(f"entropy_coef: {entropy_coef!r} but entropy is None; expected the per-token "
+                         f"entropy float[B, T] = {tuple(logp.shape)}, or entropy_coef=0")
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation: {aggregation!r}, expected one of {AGGREGATIONS}")
+    _expect_number("clip_eps", clip_eps, 0.0)
+    if clip_eps_high is not None:
+        _expect_number("clip_eps_high", clip_eps_high, 0.0)
+    _expect_number("kl_coef", kl_coef, 0.0)
+    _expect_number("entropy_coef", entropy_coef, 0.0)
     eps_low = clip_eps
     eps_high = clip_eps if clip_eps_high is None else clip_eps_high
 
