@@ -8,8 +8,8 @@ Public API (the contract other modules use):
     position_score(score, task.leaderboards, task.higher_is_better)
     avg_at_k({task_id: [attempt, ...]}, categories)     # the paper's avg@8
 
-Rewards follow DESIGN.md's ladder (REWARD_LADDER); "unknown" (infrastructure
-failure) has reward None, never 0.
+Rewards follow the ladder of docs/design.md, "Reward ladder" (REWARD_LADDER);
+"unknown" (infrastructure failure) has reward None, never 0.
 """
 
 from sandbox.grading import (

@@ -13,7 +13,7 @@ unchanged (in-process, argv patched) after the generic checks every Kaggle
 grader makes: the sample submission's columns, the answer's row count and ids,
 no NaN.
 
-Reward ladder (DESIGN.md; the real grader and the world model share it):
+Reward ladder (docs/design.md, "Reward ladder"; the real grader and the world model share it):
 
     malformed / syntax error          0.0
     runtime error (incl. timeout)     0.1

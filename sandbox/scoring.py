@@ -1,5 +1,7 @@
 """Leaderboard position score (MLE-Dojo) and the avg@k evaluation score.
 
+(docs/design.md, "Position score" and "avg@8".)
+
 Position on one board (MLE-Dojo `_calculate_leaderboard_position`):
 
     sorted = board scores, best first

@@ -51,3 +51,28 @@ def test_sandbox_never_imports_jax():
     for path in (ROOT / "sandbox").rglob("*.py"):
         src = path.read_text()
         assert not re.search(r"^\s*(import jax|from jax)", src, re.M), f"{path} imports jax"
+
+
+def _design_headings():
+    text = (ROOT / "docs" / "design.md").read_text()
+    return {m.group(1).strip() for m in re.finditer(r"^#{2,4} (.+)$", text, re.M)}
+
+
+def test_design_citations_name_existing_sections():
+    """`docs/design.md, "Section"` in any source file names a heading of docs/design.md."""
+    headings = _design_headings()
+    assert {"Semantics of the corrections", "Calibration fit", "Online debiaser", "Inverse-variance weight",
+            "Order within a step", "Advantages", "Anchor schedule", "Reward ladder", "Position score", "avg@8",
+            "Paper hyper-parameters"} <= headings, sorted(headings)
+    cited = []
+    for path in [*ROOT.glob("wmrl_jax/**/*.py"), *ROOT.glob("sandbox/**/*.py"), *ROOT.glob("launch/*.py"),
+                 *ROOT.glob("tests/*.py"), ROOT / "README.md"]:
+        if path.name == "test_repo.py":   # its own docstring shows the form
+            continue
+        text = path.read_text()
+        for m in re.finditer(r'docs/design\.md,?\s+"([^"\n]+)"((?:\s+and\s+"[^"\n]+")*)', text):
+            for name in [m.group(1), *re.findall(r'"([^"\n]+)"', m.group(2))]:
+                cited.append((path.relative_to(ROOT), name))
+    assert cited, "no docstring cites docs/design.md"
+    missing = [(str(p), name) for p, name in cited if name not in headings]
+    assert not missing, f"citations of sections docs/design.md does not have: {missing}; headings: {sorted(headings)}"

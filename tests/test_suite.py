@@ -2,7 +2,7 @@
 
 Numbers are checked against independent sources: each task's `utils/metric.py`
 against scikit-learn / numpy formulas on perturbed answers, position scores
-against MLE-Dojo's formula written out here, rewards against DESIGN.md's ladder,
+against MLE-Dojo's formula written out here, rewards against docs/design.md, "Reward ladder",
 and a rebuild (a fresh sandbox run of the same scripts on regenerated data)
 against the shipped files and log.
 """

@@ -82,7 +82,7 @@ class BanditConfig:
     wm_ceiling: float = 0.98  # u_max: the WM's most confident distorted score
     gamma_start: float = 0.6  # g_t(u) = u^γ_t, γ drifting geometrically from ...
     gamma_end: float = 1.6  # ... to this over the run (the WM's distortion drifts)
-    # Correction constants (DESIGN.md), the buffer scaled to the run length:
+    # Correction constants (docs/design.md, "Online debiaser"), the buffer scaled to the run length:
     # the paper keeps 5000 pairs of ~51k seen (3200 steps × 16); 512 of 3200
     # keeps a recent window here, which is what lets the map follow the drift.
     cap: int = 512

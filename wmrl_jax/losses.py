@@ -82,7 +82,7 @@ def group_advantages(
             A_ij   = 0                                    for j ∉ S_i
 
     GRPO: Shao et al. 2024, "DeepSeekMath" (arXiv:2402.03300), §4.1.2. The
-    anchor weight is WMRL's inverse-variance weight (DESIGN.md, "Advantages").
+    anchor weight is WMRL's inverse-variance weight (docs/design.md, "Advantages").
     A degenerate group (all rewards equal) gives A = 0 exactly, which is why eps
     sits outside the square root: no division by zero, no spurious signal.
 

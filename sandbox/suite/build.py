@@ -9,7 +9,7 @@
    is the sandbox's own verdict, not a re-implementation;
 3. leaderboards from the valid reference scores (best first, MLE-Dojo's
    `rank,score`), then each logged run's position score against them with
-   `sandbox.position_score` and its reward on the DESIGN.md ladder;
+   `sandbox.position_score` and its reward on the ladder (docs/design.md, "Reward ladder");
 4. `execution_log.jsonl`, a README per task and `suite.json`.
 
 Determinism: data is a pure function of the seed; scores come from seeded,
