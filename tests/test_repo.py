@@ -1,5 +1,6 @@
-"""Repository contracts: the README's commands, CI, and import hygiene."""
+"""Repository contracts: the README's commands and snippet, CI, design citations, import hygiene."""
 
+import os
 import pathlib
 import re
 import subprocess
@@ -76,3 +77,21 @@ def test_design_citations_name_existing_sections():
     assert cited, "no docstring cites docs/design.md"
     missing = [(str(p), name) for p, name in cited if name not in headings]
     assert not missing, f"citations of sections docs/design.md does not have: {missing}; headings: {sorted(headings)}"
+
+
+def test_readme_sandbox_snippet_runs_as_written(tmp_path):
+    """The `import sandbox` lines of "Using the pieces", run verbatim from another folder."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"## Using the pieces\n+```python\n(.*?)```", text, re.S)
+    assert block, "README.md: no ```python block under '## Using the pieces'"
+    start = block.group(1).find("import sandbox, sandbox.suite")
+    assert start >= 0, "README.md's 'Using the pieces' block has no `import sandbox, sandbox.suite` line"
+    snippet = block.group(1)[start:]
+    assert "DATA_DIR" in snippet and "SUBMISSION_PATH" in snippet and "bubblewrap" in snippet
+    out = subprocess.run([sys.executable, "-c", snippet], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    task_line, result_line = out.stdout.strip().splitlines()
+    print(task_line, result_line, sep="\n")
+    assert task_line.startswith("Task(name='iris_species', layout='mle-dojo', metric='accuracy'"), task_line
+    assert "status='valid'" in result_line and len(result_line) < 250, result_line
