@@ -18,6 +18,8 @@ import time
 from absl import app
 from absl import flags
 
+import bench_common  # noqa: F401  (importing it quiets absl/JAX INFO logs)
+
 # Runnable as `python launch/bandit.py` from a checkout without installing.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

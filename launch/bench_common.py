@@ -1,17 +1,43 @@
-"""What the model benchmarks (bench_generate, bench_qwen35) share.
+"""What the launch scripts share.
 
-Common model-size arguments, best-of-N timing, a random transformers model
-saved with `save_pretrained`, transformers' greedy `generate` as the peer, and
-the matmul floor: a model's weight products alone, in XLA and in torch.
-Imported by the scripts as `bench_common` (they run with `launch/` on the path).
+Importing this module quiets absl/JAX INFO logging (`quiet_logs`), so every
+script that imports it prints only its results, warnings and errors. For the
+model benchmarks (bench_generate, bench_qwen35): common model-size arguments,
+best-of-N timing, a random transformers model saved with `save_pretrained`,
+transformers' greedy `generate` as the peer, and the matmul floor: a model's
+weight products alone, in XLA and in torch. Imported by the scripts as
+`bench_common` (they run with `launch/` on the path).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import time
 
 import numpy as np
+
+
+def quiet_logs() -> None:
+    """Hide absl/JAX INFO lines; warnings and errors still print.
+
+    absl's `app.run` puts the root logger at INFO, so JAX's backend probing
+    prints `I... xla_bridge.py] Unable to initialize backend 'tpu'` on every
+    run; an explicit WARNING level on JAX's module loggers survives that. It
+    is set on `jax._src`, not `jax`: JAX takes the `jax` logger's level at
+    import as its `jax_logging_level` and then adds a second handler, which
+    prints every warning twice under absl. XLA's C++ logging reads
+    TF_CPP_MIN_LOG_LEVEL when JAX loads its backend, so this must run before
+    the first JAX computation (importing this module does). A level the user
+    set (TF_CPP_MIN_LOG_LEVEL, JAX_LOGGING_LEVEL) wins.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")   # 1: C++ warnings and errors only
+    if not os.environ.get("JAX_LOGGING_LEVEL"):
+        logging.getLogger("jax._src").setLevel(logging.WARNING)
+
+
+quiet_logs()
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, kv_heads: int, heads_help: str | None = None) -> None:

@@ -35,6 +35,8 @@ import statistics
 import sys
 import time
 
+import bench_common  # noqa: F401  (importing it quiets absl/JAX INFO logs)
+
 
 def _median_times(fns, repeats):
     """Median seconds of each fn. The fns take turns, so load from other

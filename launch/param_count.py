@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import math
 
+import bench_common  # noqa: F401  (importing it quiets absl/JAX INFO logs; before jax)
 import jax
 import jax.numpy as jnp
 

@@ -6,8 +6,6 @@ simulation itself takes seconds. The seeds differ from the launch script's so
 the claims are checked on draws the demo was not looked at with.
 """
 
-import importlib.util
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -93,14 +91,11 @@ def test_table_and_plot(results, tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_launch_script_runs_the_table_and_writes_the_plot(results, tmp_path, capsys):
+def test_launch_script_runs_the_table_and_writes_the_plot(results, tmp_path, capsys, launch_script):
     """The README's main command, in process (the fixture already compiled the step)."""
     from absl import flags
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "launch" / "bandit.py"
-    spec = importlib.util.spec_from_file_location("launch_bandit", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # importing runs nothing
+    module = launch_script("bandit")  # importing runs nothing (it quiets logging)
     assert capsys.readouterr().out == ""
     out = tmp_path / "sub" / "bandit.png"
     flags.FLAGS(["bandit.py", "--seeds=2", f"--out={out}"])
