@@ -200,9 +200,14 @@ def _python_view(python: str) -> tuple[list[str], list[tuple[str, str]]]:
     return binds, kept_links
 
 
-def _python_mount_argv(python: str) -> list[str]:
+def _python_mount_argv(python: str, hidden: Sequence[str] = ()) -> list[str]:
     """bwrap arguments that make `python` runnable inside; they must come after
-    the /tmp mount, which would otherwise hide an interpreter living under /tmp."""
+    the /tmp mount, which would otherwise hide an interpreter living under /tmp.
+
+    `hidden`: host folders that must stay invisible (a task's answers). Those
+    that fall inside a mounted python folder (the embedded suite of a
+    non-editable install lives in site-packages) get an empty tmpfs over them.
+    """
     binds, links = _python_view(python)
     argv: list[str] = []
     made: set[str] = set()
@@ -220,6 +225,12 @@ def _python_mount_argv(python: str) -> list[str]:
     for link, target in links:
         parents(link)
         argv += ["--symlink", target, link]
+    masked: list[str] = []
+    for path in sorted({os.path.realpath(p) for p in hidden}):
+        if (os.path.isdir(path) and any(_under(path, b) for b in binds)
+                and not any(_under(path, m) for m in masked)):
+            argv += ["--tmpfs", path]
+            masked.append(path)
     return argv
 
 
@@ -271,7 +282,7 @@ def _setpriv_argv(uid: int) -> list[str]:
 
 
 def _bwrap_argv(bwrap: str, *, work_dir: str, tmp_dir: str, data_dir: str, script: str,
-                limits: Limits, python: str) -> list[str]:
+                limits: Limits, python: str, hidden: Sequence[str] = ()) -> list[str]:
     # --as-pid-1: the solution itself is the namespace's init. bwrap's own
     # reaper process would cost one more process start per run (~1/3 of the
     # overhead) and hides the tree's CPU rusage from us; when the solution
@@ -296,7 +307,7 @@ def _bwrap_argv(bwrap: str, *, work_dir: str, tmp_dir: str, data_dir: str, scrip
              "--ro-bind", script, SANDBOX_SCRIPT,
              "--bind", work_dir, SANDBOX_WORK,
              "--bind", tmp_dir, "/tmp"]
-    argv += _python_mount_argv(python)
+    argv += _python_mount_argv(python, hidden)
     argv += ["--chdir", SANDBOX_WORK, "--"]
     return argv
 
@@ -387,7 +398,8 @@ def _can_setuid(with_bwrap: bool, python: str) -> bool:
 
 
 def execute(*, script: str, data_dir: str, run_dir: str, limits: Limits,
-            python: str | None = None, extra_env: Mapping[str, str] | None = None) -> RawRun:
+            python: str | None = None, extra_env: Mapping[str, str] | None = None,
+            hidden: Sequence[str] = ()) -> RawRun:
     """Run `python script` isolated; never raises on anything the script does.
 
     Args:
@@ -397,6 +409,9 @@ def execute(*, script: str, data_dir: str, run_dir: str, limits: Limits,
         HOME, SUBMISSION_PATH's folder) and `tmp/` (/tmp) are created in it.
       limits: resource limits.
       python: interpreter (default: the host's `sys.executable`).
+      extra_env: more environment variables for the solution.
+      hidden: host folders to keep out of sight even when they lie inside the
+        interpreter's mounted folders (with bwrap; e.g. the task's own folder).
     Returns:
       RawRun; `launch_error` is set only when the sandbox itself failed to start.
     """
@@ -420,7 +435,7 @@ def execute(*, script: str, data_dir: str, run_dir: str, limits: Limits,
     if bwrap is not None:
         in_data, in_work, in_tmp = SANDBOX_DATA, SANDBOX_WORK, "/tmp"
         argv = _bwrap_argv(bwrap, work_dir=work_dir, tmp_dir=tmp_dir, data_dir=data_dir,
-                           script=script, limits=limits, python=python)
+                           script=script, limits=limits, python=python, hidden=hidden)
         script_arg = SANDBOX_SCRIPT
         cwd = None
     else:
@@ -519,13 +534,13 @@ def infrastructure_failure(raw: RawRun) -> str | None:
     return None
 
 
-def run_python(code: str, *, data_dir: str, run_dir: str, limits: Limits) -> RawRun:
+def run_python(code: str, *, data_dir: str, run_dir: str, limits: Limits, hidden: Sequence[str] = ()) -> RawRun:
     """Convenience for callers that hold code, not a file: writes it and executes."""
     script = os.path.join(run_dir, "solution.py")
     with open(script, "w", encoding="utf-8") as f:
         f.write(code)
     os.chmod(script, 0o644)
-    return execute(script=script, data_dir=data_dir, run_dir=run_dir, limits=limits)
+    return execute(script=script, data_dir=data_dir, run_dir=run_dir, limits=limits, hidden=hidden)
 
 
 __all__: Sequence[str] = ("Limits", "RawRun", "bwrap_path", "execute", "infrastructure_failure",

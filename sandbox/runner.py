@@ -28,6 +28,10 @@ from typing import Mapping
 from sandbox import grading, isolation
 from sandbox.tasks import Task
 
+# The shipped task suite, answers included: in a non-editable install it sits
+# inside site-packages, which the sandbox mounts for the interpreter.
+_EMBEDDED_SUITE = pathlib.Path(__file__).resolve().parent / "suite" / "embedded"
+
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.S)
 
 
@@ -220,7 +224,8 @@ def run_solution(task: Task, code, *, timeout_s: float = 600.0, memory_mb: int =
     try:
         try:
             data_dir = mountable_data_dir(task)
-            raw = isolation.run_python(program, data_dir=data_dir, run_dir=run_dir, limits=limits)
+            raw = isolation.run_python(program, data_dir=data_dir, run_dir=run_dir, limits=limits,
+                                       hidden=(str(task.root), str(_EMBEDDED_SUITE)))
         except Exception as e:   # the sandbox, not the code, failed
             return _result(task, sha, "unknown", error_type=type(e).__name__,
                            feedback=grading.execution_feedback(status="unknown", wall_s=0.0, stdout="",

@@ -101,6 +101,35 @@ def test_venv_reached_through_a_symlink_outside_tmp(var_tmp_folder, link_kind):
     assert result["host_prefix"].startswith(str(link)), result["host_prefix"]   # python kept the linked path
 
 
+def test_answers_shipped_inside_an_installed_package_stay_hidden(tmp_path):
+    """A non-editable install puts the embedded suite, answers included, in
+    site-packages, which the sandbox mounts for the interpreter: the task's
+    folder and the whole suite must still be invisible to the solution."""
+    folder = tmp_path / "venv"
+    _make_venv(folder)
+    site = next((folder / "lib").glob("python3*/site-packages"))
+    shutil.copytree(REPO / "sandbox", site / "sandbox", ignore=shutil.ignore_patterns("__pycache__"))
+    suite = site / "sandbox" / "suite" / "embedded"
+    probes = [str(suite / "iris_species" / "data" / "private" / "test_answer.csv"),
+              str(suite / "wine_cultivar" / "data" / "private" / "test_answer.csv")]
+    driver = f'''
+import json, sandbox, sandbox.suite
+task = sandbox.load_task(sandbox.suite.suite_dir() / "iris_species")
+code = ("import os\\nprint('visible', [p for p in {probes!r} if os.path.exists(p)])\\n"
+        "print('suite', os.listdir({str(suite)!r}))\\n")
+r = sandbox.run_solution(task, code, timeout_s=60)
+print(json.dumps({{"module": sandbox.__file__, "status": r.status, "feedback": r.feedback}}))
+'''
+    # Not from the checkout: the venv's own copy of the package is the one imported.
+    proc = subprocess.run([str(folder / "bin" / "python"), "-c", driver], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=180, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["module"].startswith(str(site)), result["module"]
+    assert result["status"] == "ran_no_sub", result["feedback"]
+    assert "visible []" in result["feedback"] and "suite []" in result["feedback"], result["feedback"]
+
+
 def test_symlink_chain_is_recorded_in_resolution_order(tmp_path):
     from sandbox import isolation
 
