@@ -20,15 +20,11 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
-# csv module only (a pandas import would cost ~1 s per run). It reports the
-# interpreter it runs under and whether it can write into the venv.
+# The sample submission is a valid one (no pandas import: ~1 s less per run).
+# It reports the interpreter it runs under and whether it can write into the venv.
 SOLUTION = '''
-import csv, os, sys
-rows = list(csv.DictReader(open(os.path.join(os.environ["DATA_DIR"], "test.csv"))))
-with open(os.environ["SUBMISSION_PATH"], "w") as f:
-    f.write("id,species\\n")
-    for r in rows:
-        f.write(f"{r['id']},setosa\\n")
+import os, shutil, sys
+shutil.copy(os.path.join(os.environ["DATA_DIR"], "sample_submission.csv"), os.environ["SUBMISSION_PATH"])
 try:
     open(os.path.join(sys.prefix, "escape.txt"), "w").write("x")
     print("venv writable")
