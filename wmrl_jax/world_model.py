@@ -140,7 +140,7 @@ def format_answer(status: str, *, error: str | None = None, bucket: str | None =
             f"FEEDBACK: {' '.join(feedback.split())}")
 
 
-_FIELD = re.compile(r"^\s*(STATUS|ERROR|QUALITY|FEEDBACK)\s*:[ \t]*(.*?)\s*$", re.M)
+_FIELD = re.compile(r"^\s*(STATUS|ERROR|QUALITY|FEEDBACK)\s*:[ \t]*(.*?)\s*$", re.M | re.I)
 
 
 def parse_answer(text: str) -> tuple[str, str | None, str | None, str] | None:
@@ -154,7 +154,7 @@ def parse_answer(text: str) -> tuple[str, str | None, str | None, str] | None:
         return None
     fields = {}
     for key, value in _FIELD.findall(text):
-        fields.setdefault(key, value)
+        fields.setdefault(key.upper(), value)
     status = fields.get("STATUS", "").strip().lower()
     if status not in STATUSES:
         return None
