@@ -339,6 +339,94 @@ def test_bench_corrections_step_runs(launch_script):
     assert len(times) == 3 and all(np.isfinite(t) and t > 0 for t in times)
 
 
+# ------------------------------------------------------- called as a user does
+
+# A fresh process calls each function repeatedly, eagerly, with equal shapes
+# (the README's usage), counting XLA compilations and watching the process's
+# memory mappings and RSS. Issue #19: correct_step used to recompile every
+# call (~2 s) and grow ~280 mappings a call until LLVM ran out of memory.
+_EAGER_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import jax, numpy as np
+    from jax import monitoring
+    from wmrl_jax import corrections, losses
+
+    compiles = [0]
+    def on_event(event, duration, **kwargs):
+        compiles[0] += event == "/jax/core/compile/backend_compile_duration"
+    monitoring.register_event_duration_secs_listener(on_event)
+
+    def snapshot():
+        maps = sum(1 for _ in open("/proc/self/maps"))
+        rss = int(open("/proc/self/statm").read().split()[1]) * 4096
+        return dict(compiles=compiles[0], maps=maps, rss=rss)
+
+    rng = np.random.default_rng(0)
+    n, g = 8, 8
+    def step_inputs():
+        graded = rng.uniform(size=(n, g)) > 0.1
+        anchor = np.zeros(n, bool)
+        anchor[rng.choice(n, 2, replace=False)] = True
+        return (rng.uniform(0, 1, (n, g)).astype(np.float32), graded,
+                rng.uniform(0, 1, (n, g)).astype(np.float32), graded.copy(), anchor)
+
+    state = corrections.init_correction_state()
+    def call_correct_step():
+        global state
+        state, out = corrections.correct_step(state, *step_inputs())
+        jax.block_until_ready(out)
+
+    def call_group_advantages():
+        wm, graded, _, _, anchor = step_inputs()
+        jax.block_until_ready(losses.group_advantages(wm, graded, anchor, 2.0))
+
+    def call_grpo_loss():
+        logp = rng.normal(size=(n * g, 16)).astype(np.float32)
+        loss, metrics = losses.grpo_loss(logp, logp, logp + 0.1, rng.normal(size=n * g).astype(np.float32),
+                                         rng.uniform(size=(n * g, 16)) > 0.2)
+        jax.block_until_ready((loss, metrics))
+
+    key = jax.random.key(0)
+    def call_select_anchor_groups():
+        corrections.select_anchor_groups(key, n, fraction=0.25, min_per_step=1)
+        corrections.select_anchor_groups(int(rng.integers(1 << 30)), n, fraction=0.25, min_per_step=1)
+
+    calls, warmup = int(sys.argv[1]), 20
+    report = {}
+    for fn in (call_correct_step, call_group_advantages, call_grpo_loss, call_select_anchor_groups):
+        for _ in range(warmup):
+            fn()
+        before = snapshot()
+        for _ in range(calls - warmup):
+            fn()
+        report[fn.__name__[5:]] = dict(before=before, after=snapshot())
+    report["pairs"] = int(state.n_pairs)
+    print(json.dumps(report))
+""")
+
+
+def test_repeated_eager_calls_compile_once_and_do_not_grow():
+    """300 README-style calls of correct_step (and repeated calls of
+    group_advantages, grpo_loss, select_anchor_groups): after 20 warm-up
+    calls, no further compilation, and the mapping count and RSS stay flat."""
+    import json
+
+    calls = 300
+    proc = subprocess.run([sys.executable, "-c", _EAGER_SCRIPT, str(calls)], capture_output=True, text=True,
+                          timeout=300, cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report.pop("pairs") > 200 * 8  # the calls really ran, pushing pairs
+    for name, r in report.items():
+        before, after = r["before"], r["after"]
+        assert after["compiles"] == before["compiles"], f"{name}: compiled again after warm-up: {r}"
+        assert after["maps"] - before["maps"] <= 8, f"{name}: memory mappings grew: {r}"
+        assert after["rss"] - before["rss"] <= 32 << 20, f"{name}: RSS grew: {r}"
+    # correct_step's own compilations stay a small constant (the step, and
+    # the handful of eager ops that build a fresh state).
+    assert report["correct_step"]["before"]["compiles"] <= 40, report
+
+
 # Last in the file: leaving the x64 context drops jit caches, so the float32
 # tests above would otherwise compile twice.
 def test_correct_step_matches_reference_in_float64():
