@@ -96,7 +96,9 @@ def interpolate(fitted: MonotoneMap, x_new: Array) -> Array:
     k = kx.shape[0]
     # Segment i: the last used knot <= x, clipped to the used segments.
     # Padding knots sort after every query.
-    i = jnp.searchsorted(jnp.where(jnp.arange(k) < n, kx, jnp.inf), x_new, side="right") - 1
+    # (compare_all for few knots, the binned map: one fused pass, no loop.)
+    method = "compare_all" if k <= 64 else "scan"
+    i = jnp.searchsorted(jnp.where(jnp.arange(k) < n, kx, jnp.inf), x_new, side="right", method=method) - 1
     i = jnp.clip(i, 0, jnp.maximum(n - 2, 0))
     j = jnp.minimum(i + 1, k - 1)
     x0, x1, y0, y1 = kx[i], kx[j], ky[i], ky[j]
@@ -145,7 +147,8 @@ def bin_index(x: Array, bins: int) -> Array:
     (for NaN the bin is unspecified: callers mask NaN). int32, same shape as x."""
     edges = jnp.asarray(_inner_edges(bins, np.dtype(x.dtype)))
     # digitize(x, edges) for increasing edges = searchsorted(edges, x, "right").
-    return jnp.searchsorted(edges, x, side="right").astype(jnp.int32)
+    method = "compare_all" if bins <= 64 else "scan"  # few edges: one fused pass, no loop
+    return jnp.searchsorted(edges, x, side="right", method=method).astype(jnp.int32)
 
 
 def binned_sums(x: Array, y: Array, mask: Array, bins: int) -> tuple[Array, Array, Array]:

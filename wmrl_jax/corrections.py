@@ -448,7 +448,7 @@ def _observe_groups(state: CorrectionState, s2: Array, observed: Array) -> Corre
         return (ewma, n_obs, c, c_set | fix), None
 
     init = (state.ewma, state.n_obs, state.c, state.c_set)
-    (ewma, n_obs, c, c_set), _ = lax.scan(observe, init, (s2, observed))
+    (ewma, n_obs, c, c_set), _ = lax.scan(observe, init, (s2, observed), unroll=True)
     return dataclasses.replace(state, ewma=ewma, n_obs=n_obs, c=c, c_set=c_set)
 
 
