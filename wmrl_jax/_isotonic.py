@@ -291,10 +291,14 @@ def isotonic_fit(x: Array, y: Array, weights: Array | None = None, mask: Array |
     wh, wl = _two_sum_scan(jnp.concatenate([zero, ws]))
     sh, sl = _two_sum_scan(jnp.concatenate([zero, wys]))
 
-    def slope(a, b):
-        """Mean of the block [a, b): slope of the diagram between P_a and P_b."""
-        dw = (wh[b] - wh[a]) + (wl[b] - wl[a])
-        ds = (sh[b] - sh[a]) + (sl[b] - sl[a])
+    def point(i):
+        """The diagram's points P_i, as the (hi, lo) pairs of both sums."""
+        return wh[i], wl[i], sh[i], sl[i]
+
+    def slope(p, q):
+        """Mean of the block between points p and q: the diagram's slope."""
+        dw = (q[0] - p[0]) + (q[1] - p[1])
+        ds = (q[2] - p[2]) + (q[3] - p[3])
         return ds / jnp.where(dw > 0, dw, 1.0)
 
     # Block boundaries: the two ends and every change of x. No boundary inside
@@ -311,7 +315,8 @@ def isotonic_fit(x: Array, y: Array, weights: Array | None = None, mask: Array |
 
     def violators(ids, count):
         """bool[n + 1]: boundaries whose left block's mean exceeds the right's."""
-        block_mean = slope(ids[:-1], ids[1:])  # block j = [ids_j, ids_{j+1})
+        p = point(ids)  # block j = [ids_j, ids_{j+1})
+        block_mean = slope([a[:-1] for a in p], [a[1:] for a in p])
         viol = (k[1:-1] < count - 1) & (block_mean[:-1] > block_mean[1:])
         return jnp.concatenate([jnp.zeros((1,), bool), viol, jnp.zeros((1,), bool)])
 
@@ -332,7 +337,7 @@ def isotonic_fit(x: Array, y: Array, weights: Array | None = None, mask: Array |
     prev_b = lax.cummax(jnp.where(alive, k, -1))[:-1]
     next_b = lax.cummin(jnp.where(alive, k, n + 1), reverse=True)[1:]
     in_use = jnp.arange(n) < n_valid
-    knots_y = jnp.where(in_use, slope(jnp.clip(prev_b, 0, n), jnp.clip(next_b, 0, n)), 0.0)
+    knots_y = jnp.where(in_use, slope(point(jnp.clip(prev_b, 0, n)), point(jnp.clip(next_b, 0, n))), 0.0)
     knots_x = jnp.where(in_use, xs, 0.0)
     distinct = inner.sum() + 1
     return MonotoneMap(knots_x, knots_y, n_valid, (n_valid >= 1) & (distinct >= 2))
