@@ -55,10 +55,16 @@ class MonotoneMap(NamedTuple):
     valid: Array
 
 
-def _check_1d(name: str, a, n: int | None = None, kind: str = "float") -> Array:
+def check_array(name: str, a, kind: str, shape: tuple) -> Array:
+    """``a`` as an array, else a ValueError that names it and what was expected.
+
+    ``kind``: "float" (any floating dtype) or "bool"; ``shape``: a tuple whose
+    None entries match any size.
+    """
     a = jnp.asarray(a)
-    if a.ndim != 1 or (n is not None and a.shape[0] != n):
-        raise ValueError(f"{name}: shape {tuple(a.shape)}, expected {'[n]' if n is None else (n,)}")
+    if a.ndim != len(shape) or any(s not in (None, d) for s, d in zip(shape, a.shape)):
+        want = "[" + ", ".join("n" if s is None else str(s) for s in shape) + "]" if None in shape else shape
+        raise ValueError(f"{name}: shape {a.shape}, expected {want}")
     if kind == "float" and not jnp.issubdtype(a.dtype, jnp.floating):
         raise ValueError(f"{name}: dtype {a.dtype}, expected a floating dtype")
     if kind == "bool" and a.dtype != jnp.bool_:
@@ -69,12 +75,12 @@ def _check_1d(name: str, a, n: int | None = None, kind: str = "float") -> Array:
 def _inputs(x, y, weights, mask):
     """Checked, promoted (x, y, weights, mask); non-finite values and
     non-positive weights carry no information, so they are masked out."""
-    x = _check_1d("x", x)
+    x = check_array("x", x, "float", (None,))
     n = x.shape[0]
-    y = _check_1d("y", y, n)
+    y = check_array("y", y, "float", (n,))
     dtype = jnp.promote_types(x.dtype, y.dtype)
-    w = jnp.ones((n,), dtype) if weights is None else _check_1d("weights", weights, n)
-    m = jnp.ones((n,), bool) if mask is None else _check_1d("mask", mask, n, kind="bool")
+    w = jnp.ones((n,), dtype) if weights is None else check_array("weights", weights, "float", (n,))
+    m = jnp.ones((n,), bool) if mask is None else check_array("mask", mask, "bool", (n,))
     x, y, w = x.astype(dtype), y.astype(dtype), w.astype(dtype)
     m = m & jnp.isfinite(x) & jnp.isfinite(y) & jnp.isfinite(w) & (w > 0)
     return x, y, w, m

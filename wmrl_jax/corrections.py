@@ -48,6 +48,7 @@ from wmrl_jax._isotonic import (
     apply_calibration,
     binned_isotonic_fit,
     binned_isotonic_predict,
+    check_array,
     isotonic_fit,
     isotonic_predict,
 )
@@ -458,17 +459,6 @@ def anchor_weight(state: CorrectionState) -> Array:
     return jnp.where(state.c_set & state.denoise, w, 1.0).astype(state.ewma.dtype)
 
 
-def _check(name: str, a, shape: tuple, kind: str) -> Array:
-    a = jnp.asarray(a)
-    if a.shape != shape:
-        raise ValueError(f"{name}: shape {a.shape}, expected {shape}")
-    if kind == "float" and not jnp.issubdtype(a.dtype, jnp.floating):
-        raise ValueError(f"{name}: dtype {a.dtype}, expected a floating dtype")
-    if kind == "bool" and a.dtype != jnp.bool_:
-        raise ValueError(f"{name}: dtype {a.dtype}, expected bool")
-    return a
-
-
 @functools.partial(jax.jit, static_argnames=("eps", "min_graded", "standardize"), donate_argnums=0)
 def correct_step(
         state: CorrectionState,
@@ -514,11 +504,11 @@ def correct_step(
     if wm_rewards.ndim != 2:
         raise ValueError(f"wm_rewards: shape {wm_rewards.shape}, expected [N groups, G rollouts]")
     n, g = wm_rewards.shape
-    wm_rewards = _check("wm_rewards", wm_rewards, (n, g), "float")
-    wm_graded = _check("wm_graded", wm_graded, (n, g), "bool")
-    real_rewards = _check("real_rewards", real_rewards, (n, g), "float")
-    real_graded = _check("real_graded", real_graded, (n, g), "bool")
-    is_anchor = _check("is_anchor", is_anchor, (n,), "bool")
+    wm_rewards = check_array("wm_rewards", wm_rewards, "float", (n, g))
+    wm_graded = check_array("wm_graded", wm_graded, "bool", (n, g))
+    real_rewards = check_array("real_rewards", real_rewards, "float", (n, g))
+    real_graded = check_array("real_graded", real_graded, "bool", (n, g))
+    is_anchor = check_array("is_anchor", is_anchor, "bool", (n,))
     dtype = state.buf_x.dtype
 
     wm_ok = wm_graded & jnp.isfinite(wm_rewards)
