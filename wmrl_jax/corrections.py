@@ -428,7 +428,12 @@ def _push_and_calibrate(state: CorrectionState, wm: Array, real: Array, pair: Ar
         k = p0 + _pushes_to_refit(state)
         return _refit(push(state, p0, k)), k, calibrate(state, p0, calibrated)
 
-    state, p0, calibrated = lax.while_loop(refit_due, push_and_refit, (state, jnp.int32(0), wm))
+    # The loop sits behind a cond: most steps refit nothing, and skipping the
+    # loop altogether halves their cost inside a scan (measured 15 -> 8 us;
+    # XLA:CPU pays for setting up a while loop even when it runs 0 times).
+    carry = (state, jnp.int32(0), wm)
+    state, p0, calibrated = lax.cond(refit_due(carry), lambda c: lax.while_loop(refit_due, push_and_refit, c),
+                                     lambda c: c, carry)
     return push(state, p0, total), calibrate(state, p0, calibrated)
 
 
