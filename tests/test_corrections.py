@@ -2,6 +2,9 @@
 semantics (`wmrl_jax._reference_numpy`), plus hand-worked cases."""
 
 import dataclasses
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -41,11 +44,9 @@ def _stream(seed, steps, n=4, g=6):
         yield (wm.astype(np.float32), wm_graded, real.astype(np.float32), real_graded, anchor)
 
 
-# One jitted step for all tests: the ablation switches are state data, so only
-# `standardize`, the calibration kind and the dtype cost a compile.
-# (`standardize` is always passed: a Python-bool default would trace a second,
-# specialised program.)
-STEP = jax.jit(C.correct_step)
+# The public step is jitted: the ablation switches are state data, so only
+# `standardize`, the shapes, the calibration kind and the dtype cost a compile.
+STEP = C.correct_step
 
 
 def _run(mode, steps, seed, dtype_tol, cast=np.float32, settings=SMALL, stream=None):
@@ -186,11 +187,11 @@ def test_calibrated_group_uses_the_map_and_order_matters():
     wm = np.array([[0.05, 0.15, 0.55, 0.95]] * 3, np.float32)
     real = np.array([[0.0, 0.0, 1.0, 1.0]] * 3, np.float32)
     state, out = STEP(state, *_pad(wm, t, real, t, np.array([False, True, False])), standardize=True)
-    out = {k: (v[:3, :4] if k == "rewards" else v) for k, v in out.items()}
-    np.testing.assert_allclose(np.asarray(out["rewards"][0]), wm[0])  # before the fit: identity
-    np.testing.assert_allclose(np.asarray(out["rewards"][1]), real[1])  # anchor: real rewards
-    np.testing.assert_allclose(np.asarray(out["rewards"][2]), [0.0, 0.0, 1.0, 1.0], atol=1e-6)
-    assert int(out["n_fits"]) == 1 and bool(out["calibrated"])
+    rewards = np.asarray(out.rewards)[:3, :4]
+    np.testing.assert_allclose(rewards[0], wm[0])  # before the fit: identity
+    np.testing.assert_allclose(rewards[1], real[1])  # anchor: real rewards
+    np.testing.assert_allclose(rewards[2], [0.0, 0.0, 1.0, 1.0], atol=1e-6)
+    assert int(out.n_fits) == 1 and bool(out.calibrated)
 
 
 # ----------------------------------------------------------------- bad input
@@ -216,12 +217,14 @@ def test_bad_shapes_and_dtypes_name_the_argument():
         C.correct_step(state, r, g, np.zeros((2, 4), np.float32), g, a)
     with pytest.raises(ValueError, match=r"is_anchor: shape \(3,\), expected \(2,\)"):
         C.correct_step(state, r, g, r, g, np.ones(3, bool))
-    with pytest.raises(TypeError, match="wm_graded: dtype float32, expected bool"):
+    with pytest.raises(ValueError, match="wm_graded: dtype float32, expected bool"):
         C.correct_step(state, r, r, r, g, a)
-    with pytest.raises(TypeError, match="wm_rewards: dtype int32, expected a floating dtype"):
+    with pytest.raises(ValueError, match="wm_rewards: dtype int32, expected a floating dtype"):
         C.correct_step(state, r.astype(np.int32), g, r, g, a)
     with pytest.raises(ValueError, match="wm_rewards: shape"):
         C.correct_step(state, np.zeros(3, np.float32), g, r, g, a)
+    with pytest.raises(ValueError, match="state: dict, expected a CorrectionState"):
+        C.correct_step({}, r, g, r, g, a)
     with pytest.raises(ValueError, match="calibration: 'spline'"):
         C.init_correction_state(calibration="spline")
 
@@ -265,45 +268,48 @@ def test_state_is_a_checkpointable_pytree_and_stats_are_the_four_numbers():
     assert float(stats["anchor_weight"]) == 1.0 and not bool(stats["calibrated"])
 
 
-def test_step_output_reads_as_the_documented_dict_by_name_dtype_and_value():
-    """`out` is a mapping over few packed leaves; every key reads back as the
-    value it packs (checked against the state it came with), in its dtype,
-    inside a jit, after device_get, and stacked by a scan."""
+def test_state_and_output_are_named_readable_pytrees():
+    """The state and the step output are plain dataclasses of named arrays:
+    every field reads back as the value it stands for, in its dtype, on the
+    host, in their repr, inside a jit, and stacked by a scan."""
     stream = list(_stream(3, 40))
     state = C.init_correction_state(**SMALL)
     for args in stream[:-1]:
         state, out = STEP(state, *args, standardize=True)
-    keys = ("rewards", "graded", "advantages", "used", "anchor_weight", "calibrated", "n_fits",
-            "bias_before", "bias_after", "bias_reduction", "disagreement", "pairs_in_buffer",
-            "anchor_fraction")
-    assert tuple(out) == keys and len(out) == len(keys) and set(dict(out)) == set(keys)
-    assert len(jax.tree.leaves(out)) == 2  # the float [N, G] arrays; the ints and float bits
-    host = jax.device_get(out)
-    assert isinstance(host, C.StepOutput) and isinstance(host["n_fits"], np.integer | np.ndarray)
-    want = dict(calibrated=state.valid, n_fits=state.n_fits, bias_before=state.bias_before,
+    assert int(state.n_fits) >= 1 and bool(state.fitted.valid)
+    want = dict(calibrated=state.fitted.valid, n_fits=state.n_fits, bias_before=state.bias_before,
                 bias_after=state.bias_after, bias_reduction=state.bias_reduction,
                 disagreement=state.ewma, pairs_in_buffer=state.buf_len,
                 anchor_weight=C.anchor_weight(state),
                 anchor_fraction=state.n_anchor_seen / state.n_groups_seen)
-    assert int(state.n_fits) >= 1 and bool(state.valid)
+    host = jax.device_get(out)
+    assert isinstance(host, C.StepOutput)
     for k, v in want.items():
         for o in (out, host):
-            assert np.asarray(o[k]).dtype == np.asarray(v).dtype, k
+            assert np.asarray(getattr(o, k)).dtype == np.asarray(v).dtype, k
             np.testing.assert_allclose(np.asarray(o[k]), np.asarray(v), rtol=1e-6, err_msg=k)
-    assert np.asarray(out["calibrated"]).dtype == np.bool_ and np.asarray(out["n_fits"]).dtype == np.int32
+    assert out.rewards.shape == out.advantages.shape == out.graded.shape == (4, 6)
+    assert out.used.shape == (4,) and out.graded.dtype == jnp.bool_
     with pytest.raises(KeyError, match="expected one of"):
         out["weight"]
-    # Inside a jit the mapping is just as readable, and a scan stacks it.
+    # The repr names every field and shows its value (no packed bits).
+    text = repr(out)
+    assert f"n_fits={int(out.n_fits)}," in text and f"pairs_in_buffer={int(state.buf_len)}," in text
+    assert f"bias_reduction={float(out.bias_reduction):.6g}" in text and "advantages=[[" in text
+    text = repr(state)
+    assert "buf_x=float32[120]," in text and f"n_fits={int(state.n_fits)}," in text
+    assert "config=CorrectionConfig(cap=120, bins=10, calibration='binned')" in text
+    # Inside a jit the fields are just as readable, and a scan stacks them.
     xs = tuple(jnp.stack(a) for a in zip(*stream[-3:]))
     _, outs = jax.jit(lambda s, xs: jax.lax.scan(lambda c, x: C.correct_step(c, *x), s, xs))(state, xs)
-    assert outs["n_fits"].shape == (3,) and outs["rewards"].shape == (3, *stream[0][0].shape)
-    assert outs["bias_after"].shape == (3,) and outs["bias_after"].dtype == jnp.float32
-    last = jax.jit(lambda s, a: C.correct_step(s, *a)[1]["n_fits"] + 0)(state, stream[-1])
-    assert int(last) == int(outs["n_fits"][0])
+    assert outs.n_fits.shape == (3,) and outs.rewards.shape == (3, *stream[0][0].shape)
+    assert outs.bias_after.shape == (3,) and outs.bias_after.dtype == jnp.float32
+    last = jax.jit(lambda s, a: C.correct_step(s, *a)[1].n_fits + 0)(state, stream[-1])
+    assert int(last) == int(outs.n_fits[0])
 
 
 def test_state_checkpoints_with_orbax_and_resumes_exactly(tmp_path):
-    """The state is two arrays and a static config: Orbax saves and restores
+    """The state is named arrays and a static config: Orbax saves and restores
     it as is, and the restored state takes the next step exactly like the
     live one (the documented resume contract)."""
     import orbax.checkpoint as ocp
@@ -321,18 +327,104 @@ def test_state_checkpoints_with_orbax_and_resumes_exactly(tmp_path):
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(state)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     (s1, o1), (s2, o2) = STEP(state, *stream[-1]), STEP(back, *stream[-1])
-    for k in o1:
-        np.testing.assert_array_equal(np.asarray(o1[k]), np.asarray(o2[k]), err_msg=k)
-    np.testing.assert_array_equal(np.asarray(s1.fields), np.asarray(s2.fields))
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path((s1, o1)), jax.tree.leaves((s2, o2))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
 
 
 def test_bench_corrections_step_runs(launch_script):
     """The benchmark's step section runs end to end (its numbers are the
-    benchmark's business, not a test's): five per-step times, all positive."""
+    benchmark's business, not a test's): three per-step times, all positive."""
     bench = launch_script("bench_corrections")
-    times = bench.bench_step(repeats=1, steps_per_repeat=8)
-    assert len(times) == 5 and all(np.isfinite(t) and t > 0 for t in times)
-    assert np.isfinite(bench.bench_per_op(repeats=1, ops=3))  # compiled op counts differ, no 0/0
+    times = bench.bench_step(repeats=1, steps_per_repeat=8, cap=300)
+    assert len(times) == 3 and all(np.isfinite(t) and t > 0 for t in times)
+
+
+# ------------------------------------------------------- called as a user does
+
+# A fresh process calls each function repeatedly, eagerly, with equal shapes
+# (the README's usage), counting XLA compilations and watching the process's
+# memory mappings and RSS. Issue #19: correct_step used to recompile every
+# call (~2 s) and grow ~280 mappings a call until LLVM ran out of memory.
+_EAGER_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import jax, numpy as np
+    from jax import monitoring
+    from wmrl_jax import corrections, losses
+
+    compiles = [0]
+    def on_event(event, duration, **kwargs):
+        compiles[0] += event == "/jax/core/compile/backend_compile_duration"
+    monitoring.register_event_duration_secs_listener(on_event)
+
+    def snapshot():
+        maps = sum(1 for _ in open("/proc/self/maps"))
+        rss = int(open("/proc/self/statm").read().split()[1]) * 4096
+        return dict(compiles=compiles[0], maps=maps, rss=rss)
+
+    rng = np.random.default_rng(0)
+    n, g = 8, 8
+    def step_inputs():
+        graded = rng.uniform(size=(n, g)) > 0.1
+        anchor = np.zeros(n, bool)
+        anchor[rng.choice(n, 2, replace=False)] = True
+        return (rng.uniform(0, 1, (n, g)).astype(np.float32), graded,
+                rng.uniform(0, 1, (n, g)).astype(np.float32), graded.copy(), anchor)
+
+    state = corrections.init_correction_state()
+    def call_correct_step():
+        global state
+        state, out = corrections.correct_step(state, *step_inputs())
+        jax.block_until_ready(out)
+
+    def call_group_advantages():
+        wm, graded, _, _, anchor = step_inputs()
+        jax.block_until_ready(losses.group_advantages(wm, graded, anchor, 2.0))
+
+    def call_grpo_loss():
+        logp = rng.normal(size=(n * g, 16)).astype(np.float32)
+        loss, metrics = losses.grpo_loss(logp, logp, logp + 0.1, rng.normal(size=n * g).astype(np.float32),
+                                         rng.uniform(size=(n * g, 16)) > 0.2)
+        jax.block_until_ready((loss, metrics))
+
+    key = jax.random.key(0)
+    def call_select_anchor_groups():
+        corrections.select_anchor_groups(key, n, fraction=0.25, min_per_step=1)
+        corrections.select_anchor_groups(int(rng.integers(1 << 30)), n, fraction=0.25, min_per_step=1)
+
+    calls, warmup = int(sys.argv[1]), 20
+    report = {}
+    for fn in (call_correct_step, call_group_advantages, call_grpo_loss, call_select_anchor_groups):
+        for _ in range(warmup):
+            fn()
+        before = snapshot()
+        for _ in range(calls - warmup):
+            fn()
+        report[fn.__name__[5:]] = dict(before=before, after=snapshot())
+    report["pairs"] = int(state.n_pairs)
+    print(json.dumps(report))
+""")
+
+
+def test_repeated_eager_calls_compile_once_and_do_not_grow():
+    """300 README-style calls of correct_step (and repeated calls of
+    group_advantages, grpo_loss, select_anchor_groups): after 20 warm-up
+    calls, no further compilation, and the mapping count and RSS stay flat."""
+    import json
+
+    calls = 300
+    proc = subprocess.run([sys.executable, "-c", _EAGER_SCRIPT, str(calls)], capture_output=True, text=True,
+                          timeout=300, cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report.pop("pairs") > 200 * 8  # the calls really ran, pushing pairs
+    for name, r in report.items():
+        before, after = r["before"], r["after"]
+        assert after["compiles"] == before["compiles"], f"{name}: compiled again after warm-up: {r}"
+        assert after["maps"] - before["maps"] <= 8, f"{name}: memory mappings grew: {r}"
+        assert after["rss"] - before["rss"] <= 32 << 20, f"{name}: RSS grew: {r}"
+    # correct_step's own compilations stay a small constant (the step, and
+    # the handful of eager ops that build a fresh state).
+    assert report["correct_step"]["before"]["compiles"] <= 40, report
 
 
 # Last in the file: leaving the x64 context drops jit caches, so the float32
@@ -340,14 +432,6 @@ def test_bench_corrections_step_runs(launch_script):
 def test_correct_step_matches_reference_in_float64():
     with jax.enable_x64(True):
         seen = _run(dict(), steps=110, seed=7, dtype_tol=1e-9, cast=np.float64)
-        # The float diagnostics travel as two int32 words each: every key
-        # reads back the same on device and on the host, in float64.
         state = C.init_correction_state(**SMALL)
-        for args in list(_stream(3, 12)):
-            state, out = STEP(state, *(a.astype(np.float64) if a.dtype == np.float32 else a for a in args))
-        host = jax.device_get(out)
-        assert out["bias_after"].dtype == np.float64 == host["bias_after"].dtype
-        for k in out:
-            np.testing.assert_array_equal(np.asarray(out[k]), np.asarray(host[k]), err_msg=k)
-        np.testing.assert_array_equal(np.asarray(out["disagreement"]), np.asarray(state.ewma))
+        assert state.buf_x.dtype == np.float64 and state.ewma.dtype == np.float64
     assert seen["fits"] >= 3 and seen["c"]

@@ -120,8 +120,8 @@ def _edge_probes(bins, dtype):
 
 @pytest.mark.parametrize("bins", [1, 2, 3, 7, 10, 13, 100, 1000])
 def test_bin_index_matches_digitize_at_every_edge(bins):
-    """``bin_index`` (floor of a scaled product, corrected by one edge
-    comparison) puts every value where the reference's
+    """``bin_index`` (a search among the edges rounded up to x's dtype) puts
+    every value where the reference's
     ``clip(digitize(x, linspace inner edges), 0, bins - 1)`` does, in float32
     and float64 -- including values on, and a few ulps around, each edge.
     (Every float32 in [0, 1.01] was also checked once for bins = 7 and 10.)"""
@@ -136,36 +136,6 @@ def test_bin_index_matches_digitize_at_every_edge(bins):
         np.testing.assert_array_equal(got, want, err_msg=f"{np.dtype(dtype).name}")
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_predict_in_bins_matches_np_interp_on_the_fitted_pairs(seed):
-    """The refit calibrates its own buffer bin by bin (``by_bin`` +
-    ``predict_in_bins``): it must equal np.interp through the fitted knots for
-    every pair the map was fitted on, with empty bins in between and
-    values on the edges, and for just two populated bins."""
-    from wmrl_jax._isotonic import bin_index, binned_fit_from_sums, binned_sums, by_bin, predict_in_bins
-
-    def calibrate(x, y, mask):
-        idx = bin_index(x, 10)
-        sums = binned_sums(x, y, mask, 10)
-        fitted = binned_fit_from_sums(*sums)
-        return fitted, predict_in_bins(by_bin(fitted, sums[2]), x, idx)
-
-    rng = np.random.default_rng(seed)
-    for lo, hi in ((-0.2, 1.2), (0.25, 0.45)):  # every bin, and bins 2-4 only
-        x = rng.uniform(lo, hi, N)
-        x = x[(x < 0.5) | (x >= 0.8)]  # bins 5-7 empty
-        x[:30] = np.round(x[:30], 1)
-        y = np.sqrt(np.clip(x, 0, None)) + rng.normal(0, 0.3, len(x))
-        x32, y32 = x.astype(np.float32), y.astype(np.float32)
-        mask = np.ones(len(x), bool)
-        fitted, got = jax.jit(calibrate)(x32, y32, mask)
-        k = int(fitted.n_knots)
-        assert bool(fitted.valid) and k >= 2
-        kx, ky = np.asarray(fitted.knots_x[:k], np.float64), np.asarray(fitted.knots_y[:k], np.float64)
-        want = np.interp(x32.astype(np.float64), kx, ky)
-        np.testing.assert_allclose(np.asarray(got), want, atol=2e-6, rtol=0)
-
-
 def test_binned_fit_with_one_populated_bin_is_the_identity():
     x = np.full(N, 0.33, np.float32)
     fitted = BINNED(x, np.linspace(0, 1, N, dtype=np.float32), np.ones(N, bool))
@@ -178,9 +148,9 @@ def test_binned_fit_with_one_populated_bin_is_the_identity():
 def test_bad_inputs_name_the_argument():
     with pytest.raises(ValueError, match=r"y: shape \(3,\), expected \(4,\)"):
         C.isotonic_fit(jnp.zeros(4), jnp.zeros(3))
-    with pytest.raises(TypeError, match="mask: dtype float32, expected bool"):
+    with pytest.raises(ValueError, match="mask: dtype float32, expected bool"):
         C.isotonic_fit(jnp.zeros(4), jnp.zeros(4), mask=jnp.zeros(4))
-    with pytest.raises(TypeError, match="x: dtype int32, expected a floating dtype"):
+    with pytest.raises(ValueError, match="x: dtype int32, expected a floating dtype"):
         C.binned_isotonic_fit(jnp.zeros(4, jnp.int32), jnp.zeros(4))
 
 
@@ -197,9 +167,9 @@ def test_exact_fit_in_float64():
 
 @pytest.mark.parametrize("k", [1, 2, 10, 64, 65])
 def test_interpolate_matches_np_interp(k):
-    """Both interpolation paths (<= 64 knots: per-segment slopes and
-    comparisons; more: searchsorted) against np.interp, for every count of
-    used knots, with queries on the knots, between them and beyond both ends."""
+    """Interpolation against np.interp, for few and many knot slots and every
+    count of used knots, with queries on the knots, between them and beyond
+    both ends."""
     from wmrl_jax._isotonic import MonotoneMap, interpolate
 
     rng = np.random.default_rng(k)

@@ -1,6 +1,6 @@
 """The paper's correction semantics in plain, loop-based numpy (float64).
 
-An obviously-correct transcription of DESIGN.md "Semantics of the paper's
+An obviously-correct transcription of docs/design.md "Semantics of the
 corrections", written for reading, not speed. It is the independent reference
 the JAX functions in :mod:`wmrl_jax.corrections` are tested against, and the
 "plain numpy" peer of ``launch/bench_corrections.py`` (which is why it lives
@@ -179,7 +179,7 @@ def advantages(groups, anchor, weight, eps=1e-4, min_graded=2, standardize=True)
 
 
 class CorrectionLoop:
-    """One step = the ordered WMRL step of DESIGN.md, over [N][G] lists."""
+    """One step = the ordered WMRL step of docs/design.md, over [N][G] lists."""
 
     def __init__(self, *, cap=5000, bins=10, min_pairs=200, refit_every=64, half_life=64.0,
                  warmup=32, w_max=4.0, target_weight=2.0, debias=True, denoise=True,
