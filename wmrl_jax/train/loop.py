@@ -1,6 +1,6 @@
 """The WMRL training loop: sample, score (world model + a few real runs), correct, update, log, checkpoint.
 
-One step, as data flows (docs/design.md, "One training step"):
+One step, as data flows (docs/design.md, "One training step, as data flows"):
 
 1. The policy samples G episodes for each of B tasks (`agent.run_episodes`).
 2. `select_anchor_groups` picks the groups that pay for real execution. Their
