@@ -193,7 +193,7 @@ def init_train_state(params, optimizer: optax.GradientTransformation, *, mesh=No
     if mesh is None:
         return jax.jit(init)(params)
     shardings = train_state_shardings(mesh, param_axes, optimizer, params)
-    return jax.jit(init, in_shardings=(shardings.params,), out_shardings=shardings)(params)
+    return jax.jit(init, out_shardings=shardings)(jax.device_put(params, shardings.params))
 
 
 def check_batch(batch: Batch, micro_batches: int, data_shards: int = 1) -> None:
@@ -380,7 +380,7 @@ def make_train_step(family, model_config, optimizer: optax.GradientTransformatio
         # inject_hyperparams keeps the rate it just applied (and, under the same name, the schedule's counter).
         learning_rate = optax.tree_utils.tree_get(opt_state, "learning_rate", jnp.nan,
                                                   filtering=lambda _, value: isinstance(value, jax.Array))
-        metrics.update(grad_norm=optax.global_norm(grads), learning_rate=learning_rate, tokens=sums["tokens"],
+        metrics.update(grad_norm=optax.tree.norm(grads), learning_rate=learning_rate, tokens=sums["tokens"],
                        sequences=sums["sequences"])
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
