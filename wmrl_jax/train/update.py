@@ -294,10 +294,12 @@ def make_train_step(family, model_config, optimizer: optax.GradientTransformatio
       micro_batches: M equal slices of the batch, gradients summed over them
         (one optimizer update); B must be divisible by M (and, with a mesh, B/M
         by the data×fsdp size).
-      remat: wrap each micro-batch's forward + loss in `jax.checkpoint`, so the
-        backward recomputes it instead of keeping it from the forward. (Per-layer
-        rematerialisation inside the layer scan needs the families' `forward` to
-        checkpoint their scan body; not done here.)
+      remat: wrap each micro-batch's forward + loss in `jax.checkpoint`. Measured,
+        this does NOT lower peak memory (qwen35 hidden 64, 4 layers, B=4, T=1024 on
+        CPU: 485.9 MiB of temporaries with and without): the backward re-linearises
+        the whole layer scan, keeping every layer's residuals, and costs one more
+        forward. Real savings need per-layer remat, `jax.checkpoint` around the
+        scan body inside the families' `forward` (a models/ change, not made here).
       mesh: a `models.make_mesh` Mesh; None runs on the default device.
       temperature: the sampler's temperature (the ratio and KL use the same
         tempered softmax the rollouts were drawn from).
