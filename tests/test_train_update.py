@@ -246,3 +246,20 @@ def test_bad_input_names_the_field():
     with pytest.raises(ValueError, match="optim.grad_clip"):
         update.make_optimizer(ml_collections.ConfigDict(dict(
             learning_rate=1e-6, warmup_steps=0, total_steps=1, weight_decay=0.0, b1=0.9, b2=0.999, grad_clip=0.0)))
+
+
+def test_float32_masters_move_where_bfloat16_weights_cannot():
+    """At the paper's lr 1e-6 an Adam step rounds away in bf16 weights; float32 masters (bf16 compute) take it."""
+    config = CONFIGS["qwen3"]
+    model = init(config, jax.random.key(1), dtype="bfloat16")
+    moved = {}
+    for param_dtype, compute_dtype in ((None, None), ("float32", "bfloat16")):
+        state = update.init_train_state(jax.tree.map(jnp.copy, model.params), adamw(lr=1e-6), param_dtype=param_dtype)
+        step = update.make_train_step(model.family, config, adamw(lr=1e-6), kl_coef=KL, entropy_coef=ENT,
+                                      clip_eps=CLIP, temperature=TEMPERATURE, compute_dtype=compute_dtype)
+        new, metrics = step(state, model.params, make_batch())
+        assert np.isfinite(metrics["loss"]) and new.params["embed_vd"].dtype == (param_dtype or jnp.bfloat16)
+        before = np.concatenate([np.asarray(x, np.float32).ravel() for x in jax.tree.leaves(model.params)])
+        after = np.concatenate([np.asarray(x, np.float32).ravel() for x in jax.tree.leaves(new.params)])
+        moved[param_dtype] = np.mean(before != after)
+    assert moved[None] < 0.05 and moved["float32"] > 0.9, moved

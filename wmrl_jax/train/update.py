@@ -177,13 +177,12 @@ def init_train_state(params, optimizer: optax.GradientTransformation, *, mesh=No
       params: the policy's initial params (a copy: the state is donated to the step).
       optimizer: from `make_optimizer`.
       mesh, param_axes: shard params and optimizer state by the family's
-        logical axes (`family.param_axes(config)`); both or neither.
+        logical axes (`family.param_axes(config)`); param_axes is unused without a mesh.
       param_dtype: cast the params first (e.g. "float32" masters for a bf16
         model; see the module docstring). None keeps their dtype.
     """
-    if (mesh is None) != (param_axes is None):
-        raise ValueError(f"mesh and param_axes: pass both or neither (got mesh={mesh is not None}, "
-                         f"param_axes={param_axes is not None})")
+    if mesh is not None and param_axes is None:
+        raise ValueError("param_axes: None with a mesh; expected the family's param_axes(config) to shard by")
     if param_dtype is not None:
         params = jax.tree.map(lambda x: x.astype(param_dtype), params)
 
