@@ -1,0 +1,110 @@
+"""The paper's WMRL hyper-parameters, shared by every config (docs/design.md, "Paper hyper-parameters").
+
+Not a run on its own: `configs/mle_dojo_9b.py` and the others build on
+`get_base_config()` and set the model, the benchmark and the batch layout.
+Fields read by `wmrl_jax.train.loop.train`; checked by
+`wmrl_jax.train.config.validate` before any compute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from wmrl_jax.agent import AgentConfig
+from wmrl_jax.world_model import WorldModelConfig
+
+# The paper's agent and world-model prompt caps and sampling are the dataclasses' defaults
+# (<= 4 turns, 4096 new tokens a turn, observations <= 1024 tokens; WM T=0.7, top-p 0.8, top-k 20, <= 1024 tokens).
+_AGENT_FIELDS = ("max_turns", "max_new_tokens", "observation_max_tokens", "overview_chars", "inventory_chars",
+                 "temperature", "top_p", "top_k")
+_WORLD_MODEL_FIELDS = ("overview_chars", "inventory_chars", "code_chars", "max_new_tokens", "temperature", "top_p",
+                       "top_k", "num_samples")
+
+
+def agent_fields(agent: AgentConfig) -> dict:
+    return {k: getattr(agent, k) for k in _AGENT_FIELDS}
+
+
+def world_model_fields(world_model: WorldModelConfig) -> dict:
+    return {k: getattr(world_model, k) for k in _WORLD_MODEL_FIELDS}
+
+
+def get_base_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.model_path = ""             # HF checkpoint folder; '' = the shipped micro-world
+    c.model_preset = "micro"      # 'micro' | 'qwen3.5-4b' | 'qwen3.5-9b' (the parameter-count check)
+    c.dtype = "bfloat16"
+    c.data_dir = ""               # task root; '' = the embedded suite
+    c.benchmark = "embedded"      # 'embedded' | 'mle_dojo' | 'dsbench'
+    c.train_split = "train"
+    c.eval_split = "test"
+    c.eval_attempts = 8           # the paper's avg@8 on held-out tasks, before and after training
+    c.workdir = "/tmp/wmrl"
+    c.seed = 0
+    c.steps = 3200                # paper: 3200 GRPO steps
+
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # -1: the rest of the devices
+    c.rollout = ml_collections.ConfigDict(dict(groups_per_step=8, group_size=8))  # paper: 8 tasks x 8 rollouts
+    c.agent = ml_collections.ConfigDict(agent_fields(AgentConfig()))
+    c.world_model = ml_collections.ConfigDict(world_model_fields(WorldModelConfig()))
+
+    c.rewards = ml_collections.ConfigDict(dict(
+        mode="wmrl",              # 'real' | 'wm_only' | 'naive_mix' | 'debias_only' | 'denoise_only' | 'wmrl'
+        anchor_fraction=0.25,     # paper: 2 of 8 groups a step run for real
+        min_anchors=2,
+        cap=5000,                 # debiaser: FIFO of the newest (WM, real) pairs -- the "recent window"
+        bins=10,                  # isotonic map over 10 equal-width bins of [0, 1]
+        min_pairs=200,            # no map before 200 pairs (identity until then)
+        refit_every=64,           # refit after 64 new pairs
+        half_life=64.0,           # EWMA of the anchor-group disagreement, in groups
+        warmup=32,                # groups observed before the inverse-variance constant is fixed
+        w_max=4.0,                # anchor weight clipped to [1, 4]
+        target_weight=2.0,        # the weight at the warm-up disagreement level
+    ))
+    c.sandbox = ml_collections.ConfigDict(dict(
+        workers=16,               # concurrent sandboxes: 16 anchor rollouts a step (2 groups x 8) run at once
+        timeout_s=600.0,          # paper: sandbox cap 600 s
+        memory_mb=16384,          # Kaggle-sized tabular data in pandas
+        cpus=4,
+    ))
+    c.optim = ml_collections.ConfigDict(dict(
+        learning_rate=1e-6,       # paper
+        warmup_steps=0,           # not stated in the paper; verl (its trainer) defaults to none
+        total_steps=c.get_ref("steps"),   # follows --config.steps
+        weight_decay=0.01,        # not stated; torch AdamW's / verl's default
+        b1=0.9,
+        b2=0.999,
+        grad_clip=1.0,            # global-norm clip, verl's default
+        kl_coef=0.04,             # paper: k3 KL to the frozen reference
+        entropy_coef=0.002,       # paper
+        clip_eps=0.2,             # PPO clip (inactive on-policy: one update per batch, ratio 1)
+        micro_batches=1,
+        remat=True,
+        param_dtype="float32",    # float32 master weights: a 1e-6 Adam step is below bf16's resolution
+    ))
+    c.checkpoint = ml_collections.ConfigDict(dict(every=50, max_to_keep=3))
+    c.log = ml_collections.ConfigDict(dict(every=1, text_samples=2))
+    return c
+
+
+def get_paper_config(preset: str, benchmark: str) -> ml_collections.ConfigDict:
+    """The paper's run of `preset` ('qwen3.5-4b' | 'qwen3.5-9b') on `benchmark` ('mle_dojo' | 'dsbench'), 8 GPUs."""
+    c = get_base_config()
+    size = preset.split("-")[-1].upper()
+    c.model_path = f"/path/to/Qwen3.5-{size}"          # placeholder: --config.model_path=... (validate refuses it)
+    c.model_preset = preset
+    c.dtype = "bfloat16"
+    c.benchmark = benchmark
+    c.data_dir = f"/path/to/{benchmark.replace('_', '-')}"  # placeholder: --config.data_dir=...
+    c.workdir = f"/tmp/wmrl/{benchmark}_{size.lower()}"
+    # FSDP over all 8 GPUs: f32 master weights + Adam moments are 12 bytes a parameter (108 GB for 9B,
+    # 48 GB for 4B), more than one 80 GB A100 holds next to activations; sharding them 8 ways costs one
+    # all-gather per layer, no tensor-parallel all-reduces. More GPUs add data-parallel replicas (data=-1).
+    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = -1, 8, 1
+    # 64 sequences of up to 4 turns x (4096 reply + 1024 observation) tokens + a ~3k-token prompt: ~24k
+    # tokens each. 8 micro-batches of 8 = one sequence per GPU at a time (the most the fsdp=8 batch split
+    # allows); its activations are what must fit next to the sharded state.
+    c.optim.micro_batches = 8
+    return c

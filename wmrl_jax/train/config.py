@@ -1,0 +1,188 @@
+"""Checks and conversions of a run config (the `get_config()` of `configs/*.py`).
+
+`validate(config)` runs before any compute: every error names the field
+(`config.rewards.mode`, ...), what it holds and what was expected, so a typo
+in a 3200-step run fails in a second, not after an hour of sampling.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+
+MODEL_PRESETS = ("micro", "qwen3.5-4b", "qwen3.5-9b")
+BENCHMARKS = ("embedded", "mle_dojo", "dsbench")
+DTYPES = ("float32", "bfloat16")
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+def _fail(field: str, value, expected: str):
+    raise ValueError(f"config.{field}: {value!r}, expected {expected}")
+
+
+def _int(config, field: str, lowest: int) -> int:
+    value = _get(config, field)
+    if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+        _fail(field, value, f"an int >= {lowest}")
+    return value
+
+
+def _number(config, field: str, lowest: float, highest: float = math.inf, *, strict: bool = False) -> float:
+    value = _get(config, field)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and (value > lowest if strict else value >= lowest) and value <= highest
+    if not ok:
+        _fail(field, value, f"a number {'>' if strict else '>='} {lowest}" + (f" and <= {highest}" if highest < math.inf
+                                                                            else ""))
+    return float(value)
+
+
+def _get(config, field: str):
+    value = config
+    for part in field.split("."):
+        if part not in value:
+            raise ValueError(f"config.{field}: missing (every configs/*.py builds on configs/base.py)")
+        value = value[part]
+    return value
+
+
+def resolve_mesh(mesh, device_count: int) -> tuple[int, int, int]:
+    """(data, fsdp, tensor) sizes for `device_count` devices; one axis may be -1 ("the rest of the devices")."""
+    sizes = [mesh[k] for k in MESH_AXES]
+    if sum(s == -1 for s in sizes) > 1 or any(not isinstance(s, int) or (s < 1 and s != -1) for s in sizes):
+        _fail("mesh", dict(zip(MESH_AXES, sizes)), "positive sizes for data, fsdp, tensor, at most one of them -1")
+    known = math.prod(s for s in sizes if s != -1)
+    if -1 in sizes:
+        if device_count % known:
+            _fail("mesh", dict(zip(MESH_AXES, sizes)), f"sizes whose product divides the {device_count} devices")
+        sizes[sizes.index(-1)] = device_count // known
+    if math.prod(sizes) != device_count:
+        _fail("mesh", dict(zip(MESH_AXES, sizes)), f"sizes whose product is the {device_count} devices")
+    return tuple(sizes)
+
+
+def agent_config(config):
+    """The `agent.AgentConfig` of a run config (the sandbox timeout is stated in the agent's prompt)."""
+    from wmrl_jax.agent import AgentConfig
+
+    a = config.agent
+    return AgentConfig(max_turns=a.max_turns, max_new_tokens=a.max_new_tokens,
+                       observation_max_tokens=a.observation_max_tokens, overview_chars=a.overview_chars,
+                       inventory_chars=a.inventory_chars, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
+                       timeout_s=float(config.sandbox.timeout_s))
+
+
+def world_model_config(config):
+    """The `world_model.WorldModelConfig` of a run config."""
+    from wmrl_jax.world_model import WorldModelConfig
+
+    w = config.world_model
+    return WorldModelConfig(overview_chars=w.overview_chars, inventory_chars=w.inventory_chars,
+                            code_chars=w.code_chars, max_new_tokens=w.max_new_tokens, temperature=w.temperature,
+                            top_p=w.top_p, top_k=w.top_k, num_samples=w.num_samples)
+
+
+def validate(config, *, device_count: int | None = None) -> None:
+    """Raises ValueError naming the first field of `config` that cannot run.
+
+    Checks: names (mode, preset, benchmark, dtype), that model_path and
+    data_dir are folders (an empty one means the shipped micro-world / the
+    embedded suite and is only valid with them), counts and ranges, and that
+    the batch of groups_per_step × group_size sequences splits into
+    `optim.micro_batches` slices each divisible by the mesh's data × fsdp
+    size (`device_count` defaults to `jax.device_count()`).
+    """
+    from wmrl_jax.train.loop import MODES
+
+    for field, names in (("rewards.mode", tuple(MODES)), ("model_preset", MODEL_PRESETS),
+                         ("benchmark", BENCHMARKS), ("dtype", DTYPES)):
+        if _get(config, field) not in names:
+            _fail(field, _get(config, field), f"one of {names}")
+
+    if config.model_path:
+        model_path = pathlib.Path(config.model_path)
+        if not (model_path / "config.json").is_file():
+            _fail("model_path", config.model_path, "an HF checkpoint folder (with config.json)")
+    elif config.model_preset != "micro":
+        _fail("model_path", "", f"the {config.model_preset} checkpoint folder ('' means the shipped micro-world, "
+                                f"model_preset 'micro')")
+    else:
+        from wmrl_jax import micro_world
+
+        if not (micro_world.shipped_path() / "config.json").is_file():
+            _fail("model_path", "", f"a built micro-world at {micro_world.shipped_path()} "
+                                    f"(python launch/build_micro_world.py), or an HF checkpoint folder")
+    if config.data_dir:
+        if not pathlib.Path(config.data_dir).is_dir():
+            _fail("data_dir", config.data_dir, "an existing folder of tasks")
+    elif config.benchmark != "embedded":
+        _fail("data_dir", "", f"the {config.benchmark} task folder ('' means the embedded suite, benchmark "
+                              f"'embedded')")
+    for field in ("train_split", "workdir"):
+        if not isinstance(_get(config, field), str) or not _get(config, field):
+            _fail(field, _get(config, field), "a non-empty string")
+
+    steps = _int(config, "steps", 1)
+    groups = _int(config, "rollout.groups_per_step", 1)
+    group_size = _int(config, "rollout.group_size", 2)   # a group of 1 has no baseline: every advantage is 0
+    for field in ("max_turns", "max_new_tokens", "observation_max_tokens", "overview_chars", "inventory_chars"):
+        _int(config, f"agent.{field}", 1)
+    for field in ("overview_chars", "inventory_chars", "code_chars", "max_new_tokens", "num_samples"):
+        _int(config, f"world_model.{field}", 1)
+    for part in ("agent", "world_model"):
+        _number(config, f"{part}.temperature", 0.0, strict=True)
+        _number(config, f"{part}.top_p", 0.0, 1.0, strict=True)
+        _int(config, f"{part}.top_k", 0)
+
+    _number(config, "rewards.anchor_fraction", 0.0, 1.0)
+    min_anchors = _int(config, "rewards.min_anchors", 0)
+    if min_anchors > groups:
+        _fail("rewards.min_anchors", min_anchors, f"<= rollout.groups_per_step = {groups}")
+    cap = _int(config, "rewards.cap", 1)
+    _int(config, "rewards.bins", 2)
+    min_pairs = _int(config, "rewards.min_pairs", 2)
+    if min_pairs > cap:
+        _fail("rewards.min_pairs", min_pairs, f"<= rewards.cap = {cap} (the buffer could never hold enough)")
+    _int(config, "rewards.refit_every", 1)
+    _number(config, "rewards.half_life", 0.0, strict=True)
+    _int(config, "rewards.warmup", 1)
+    w_max = _number(config, "rewards.w_max", 1.0)
+    _number(config, "rewards.target_weight", 1.0, w_max)
+
+    _int(config, "sandbox.workers", 1)
+    _number(config, "sandbox.timeout_s", 0.0, strict=True)
+    _int(config, "sandbox.memory_mb", 64)
+    _int(config, "sandbox.cpus", 1)
+
+    _number(config, "optim.learning_rate", 0.0, strict=True)
+    total = _int(config, "optim.total_steps", 1)
+    if total < steps:
+        _fail("optim.total_steps", total, f">= steps = {steps}")
+    warmup = _int(config, "optim.warmup_steps", 0)
+    if warmup > total:
+        _fail("optim.warmup_steps", warmup, f"<= optim.total_steps = {total}")
+    _number(config, "optim.weight_decay", 0.0)
+    _number(config, "optim.b1", 0.0, 1.0)
+    _number(config, "optim.b2", 0.0, 1.0)
+    _number(config, "optim.grad_clip", 0.0, strict=True)
+    for field in ("kl_coef", "entropy_coef", "clip_eps"):
+        _number(config, f"optim.{field}", 0.0)
+    micro = _int(config, "optim.micro_batches", 1)
+    if not isinstance(_get(config, "optim.remat"), bool):
+        _fail("optim.remat", config.optim.remat, "True or False")
+    _int(config, "checkpoint.every", 1)
+    _int(config, "checkpoint.max_to_keep", 1)
+    _int(config, "log.every", 1)
+    _int(config, "log.text_samples", 0)
+
+    if device_count is None:
+        import jax
+
+        device_count = jax.device_count()
+    data, fsdp, _ = resolve_mesh(config.mesh, device_count)
+    batch = groups * group_size
+    if batch % micro:
+        _fail("optim.micro_batches", micro, f"a divisor of the batch of {groups} x {group_size} = {batch} sequences")
+    if (batch // micro) % (data * fsdp):
+        _fail("optim.micro_batches", micro, f"micro-batches of {batch} / {micro} = {batch // micro} sequences "
+                                            f"divisible by the mesh's data x fsdp = {data} x {fsdp}")

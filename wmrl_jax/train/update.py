@@ -1,0 +1,389 @@
+"""The jitted, sharded GRPO update: one optimizer step on one batch of rollouts.
+
+For a batch of B = groups_per_step × group_size left-padded sequences [B, T]:
+
+    m_bt     = loss_mask_bt ∧ valid_bt ∧ valid_b,t−1 ∧ (weights_b > 0)   tokens the loss sees
+    logp, H  = token_logprobs(θ, tokens, valid, m)        chunked head: never an f32 [B, T, V]
+    ref_logp = sg(token_logprobs(θ_ref, tokens, valid, m))  θ_ref: the frozen reference, which IS
+                                                            the world model's parameter copy
+    old_logp = sg(logp)                                    one on-policy update per batch (the
+                                                            paper's recipe): the ratio is exactly 1
+    loss     = losses.grpo_loss(logp, old_logp, ref_logp, A, m, kl_coef, entropy=H, entropy_coef)
+
+with token-mean aggregation over the WHOLE batch: Σ_bt m·l / Σ_bt m. Ungraded
+rollouts have weight 0 and drop out of the mask entirely -- they are masked,
+never scored 0 (docs/design.md, "Advantages").
+
+Gradient accumulation. The batch is cut into `micro_batches` equal slices
+(strided rows b ≡ i mod M, so each slice is spread over every data shard and
+slicing moves no data) and scanned with `lax.scan`. Each slice contributes its
+token SUM n_i·loss_i, and the summed gradient is divided once by the total
+token count N = Σ_i n_i: the result equals the full-batch gradient up to float
+rounding, never a mean of per-slice means (which would over-weight short
+slices). Gradients accumulate in float32.
+
+Sharding. With a mesh, params and optimizer state follow the family's
+logical-axis rules (`models.sharding`): every param-shaped optimizer leaf
+(Adam's μ, ν) is sharded like its param, scalars are replicated. The batch is
+sharded over ("data", "fsdp"). The step is jitted once with the state donated.
+
+Precision. `init_train_state(param_dtype="float32")` keeps float32 master
+weights while `make_train_step(compute_dtype="bfloat16")` runs the forward and
+backward in bf16: at the paper's lr 1e-6 an Adam update (~1e-6 per weight) is
+far below bf16's resolution (2^-8 relative), so updates applied to bf16
+weights round away to nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from wmrl_jax import losses
+from wmrl_jax.logprobs import token_logprobs
+from wmrl_jax.models.sharding import logical_to_spec, tree_shardings
+
+# Loss terms that are token means; accumulated as token sums and divided by the total count once.
+_TOKEN_MEAN_METRICS = ("pg_loss", "kl", "entropy", "clip_frac")
+
+
+def _describe(x) -> str:
+    """'float32[16, 512]' for an array (or a tracer, or a ShapeDtypeStruct)."""
+    return f"{np.dtype(x.dtype).name}[{', '.join(str(d) for d in x.shape)}]"
+
+
+def _concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer) and hasattr(x, "shape") and not isinstance(x, jax.ShapeDtypeStruct)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, repr=False)
+class TrainState:
+    """What the update changes: a pytree, checkpointed by Orbax as it is.
+
+    step: int32[] number of updates applied.
+    params: the policy's params (a family's nested dict; possibly float32 masters of a bf16 model).
+    opt_state: the optax state; its param-shaped leaves are sharded like the params.
+    """
+
+    step: jax.Array
+    params: dict
+    opt_state: Any
+
+    def __repr__(self) -> str:
+        leaves = jax.tree.leaves(self.params)
+        dtypes = sorted({np.dtype(x.dtype).name for x in leaves})
+        count = sum(math.prod(x.shape) for x in leaves)
+        step = int(self.step) if _concrete(self.step) else _describe(self.step)
+        return (f"TrainState(step={step}, params={len(leaves)} arrays, {count:,} {'/'.join(dtypes)} parameters, "
+                f"opt_state={len(jax.tree.leaves(self.opt_state))} arrays)")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, repr=False)
+class Batch:
+    """One GRPO batch: B = groups_per_step × group_size sequences, left-padded to T.
+
+    tokens: int32[B, T] prompt, agent replies and observations.
+    valid: bool[B, T] real (non-padding) tokens.
+    loss_mask: bool[B, T] agent tokens only (never prompt or observation tokens).
+    advantages: float32[B] group-relative advantages (0 where a rollout is ungraded).
+    weights: float32[B] 1.0 for rollouts in the loss, 0.0 for ungraded ones (masked out, never scored 0).
+    """
+
+    tokens: Any
+    valid: Any
+    loss_mask: Any
+    advantages: Any
+    weights: Any
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{f.name}={_describe(getattr(self, f.name))}" for f in dataclasses.fields(self))
+        if not all(_concrete(getattr(self, f.name)) for f in dataclasses.fields(self)):
+            return f"Batch({fields})"
+        weighted = np.asarray(self.weights) > 0
+        loss_tokens = int((np.asarray(self.loss_mask) & weighted[:, None]).sum())
+        return (f"Batch({fields}; {int(np.asarray(self.valid).sum()):,} real tokens, {loss_tokens:,} loss tokens, "
+                f"{int(weighted.sum())}/{weighted.size} rollouts weighted)")
+
+
+def make_optimizer(optim) -> optax.GradientTransformation:
+    """AdamW with global-norm clipping and a linear warm-up to a constant learning rate.
+
+        lr(s) = learning_rate · min(1, (s + 1) / warmup_steps)      (s = updates applied before this one)
+
+    so the first update already moves (lr / warmup_steps), and from update
+    `warmup_steps` on the rate is the constant `learning_rate` (paper: 1e-6, no
+    decay) until `total_steps`. Order: clip_by_global_norm(grad_clip), then
+    AdamW(b1, b2, eps=1e-8) with decoupled weight decay on every weight (as
+    torch's AdamW in verl, the paper's trainer). The learning rate lives in
+    the optimizer state (`optax.inject_hyperparams`), so the step can log the
+    rate it actually applied.
+
+    Args:
+      optim: a ConfigDict (or any object) with learning_rate, warmup_steps,
+        total_steps, weight_decay, b1, b2, grad_clip.
+    """
+    lr, warmup = float(optim.learning_rate), int(optim.warmup_steps)
+    checks = {
+        "learning_rate": lr > 0,
+        "warmup_steps": 0 <= warmup <= int(optim.total_steps),
+        "total_steps": int(optim.total_steps) >= 1,
+        "weight_decay": float(optim.weight_decay) >= 0,
+        "b1": 0 <= float(optim.b1) < 1,
+        "b2": 0 <= float(optim.b2) < 1,
+        "grad_clip": float(optim.grad_clip) > 0,
+    }
+    for name, ok in checks.items():
+        if not ok:
+            raise ValueError(f"optim.{name}: {optim[name] if hasattr(optim, '__getitem__') else getattr(optim, name)!r}"
+                             f" is out of range (learning_rate > 0, 0 <= warmup_steps <= total_steps, "
+                             f"weight_decay >= 0, 0 <= b1, b2 < 1, grad_clip > 0)")
+
+    def schedule(count):
+        return lr * jnp.minimum(1.0, (count + 1.0) / max(warmup, 1))
+
+    adamw = optax.inject_hyperparams(optax.adamw, hyperparam_dtype=jnp.float32)(
+        learning_rate=schedule, b1=float(optim.b1), b2=float(optim.b2), eps=1e-8,
+        weight_decay=float(optim.weight_decay))
+    return optax.chain(optax.clip_by_global_norm(float(optim.grad_clip)), adamw)
+
+
+def train_state_shardings(mesh, param_axes: dict, optimizer: optax.GradientTransformation, params) -> TrainState:
+    """A TrainState of NamedShardings: params per the logical-axis rules, optimizer leaves like their params.
+
+    `params` may be concrete or abstract (`jax.eval_shape`); only shapes are read.
+    """
+    param_sh = tree_shardings(mesh, param_axes, params)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    opt_shapes = jax.eval_shape(optimizer.init, params)
+    opt_sh = optax.tree_map_params(optimizer, lambda _, sharding: sharding, opt_shapes, param_sh,
+                                   transform_non_params=lambda _: replicated)
+    return TrainState(step=replicated, params=param_sh, opt_state=opt_sh)
+
+
+def init_train_state(params, optimizer: optax.GradientTransformation, *, mesh=None, param_axes=None,
+                     param_dtype=None) -> TrainState:
+    """Step 0: `params` (sharded over `mesh` by `param_axes` when given) and a fresh optimizer state.
+
+    Args:
+      params: the policy's initial params (a copy: the state is donated to the step).
+      optimizer: from `make_optimizer`.
+      mesh, param_axes: shard params and optimizer state by the family's
+        logical axes (`family.param_axes(config)`); param_axes is unused without a mesh.
+      param_dtype: cast the params first (e.g. "float32" masters for a bf16
+        model; see the module docstring). None keeps their dtype.
+    """
+    if mesh is not None and param_axes is None:
+        raise ValueError("param_axes: None with a mesh; expected the family's param_axes(config) to shard by")
+    if param_dtype is not None:
+        params = jax.tree.map(lambda x: x.astype(param_dtype), params)
+
+    def init(params):
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
+
+    if mesh is None:
+        return jax.jit(init)(params)
+    shardings = train_state_shardings(mesh, param_axes, optimizer, params)
+    return jax.jit(init, out_shardings=shardings)(jax.device_put(params, shardings.params))
+
+
+def check_batch(batch: Batch, micro_batches: int, data_shards: int = 1) -> None:
+    """Raises ValueError (or TypeError for a dtype) naming the field of `batch` that is wrong and what was expected."""
+    tokens = batch.tokens
+    if len(np.shape(tokens)) != 2:
+        raise ValueError(f"batch.tokens: shape {tuple(np.shape(tokens))}, expected int32[B, T]")
+    if not np.issubdtype(np.dtype(tokens.dtype), np.integer):
+        raise TypeError(f"batch.tokens: dtype {tokens.dtype}, expected int32")
+    size, _ = tokens.shape
+    for name, shape, kind in (("valid", tokens.shape, np.bool_), ("loss_mask", tokens.shape, np.bool_),
+                              ("advantages", (size,), np.floating), ("weights", (size,), np.floating)):
+        x = getattr(batch, name)
+        if tuple(np.shape(x)) != tuple(shape):
+            raise ValueError(f"batch.{name}: shape {tuple(np.shape(x))}, expected {tuple(shape)} "
+                             f"({'like tokens, [B, T]' if len(shape) == 2 else 'one per sequence, [B]'})")
+        if not np.issubdtype(np.dtype(x.dtype), kind):
+            raise TypeError(f"batch.{name}: dtype {x.dtype}, expected {'bool' if kind is np.bool_ else 'float32'}")
+    if size % micro_batches:
+        raise ValueError(f"batch.tokens: B={size} sequences do not split into micro_batches={micro_batches} "
+                         f"equal slices; expected B divisible by {micro_batches}")
+    if (size // micro_batches) % data_shards:
+        raise ValueError(f"batch.tokens: B={size} sequences give micro-batches of {size // micro_batches}, not "
+                         f"divisible by the mesh's data×fsdp size {data_shards}; expected B divisible by "
+                         f"micro_batches×data×fsdp = {micro_batches * data_shards}")
+
+
+def _strided_slices(x: jax.Array, micro_batches: int) -> jax.Array:
+    """[B, ...] -> [M, B/M, ...]; slice i holds rows i, i+M, i+2M, ... (a local reshape on each data shard)."""
+    return x.reshape(x.shape[0] // micro_batches, micro_batches, *x.shape[1:]).swapaxes(0, 1)
+
+
+class TrainStep:
+    """`step(state, ref_params, batch) -> (new_state, metrics)`; built by `make_train_step`.
+
+    The state is donated (do not reuse the one passed in). `batch` may hold
+    numpy arrays; it is checked on the host, then placed (sharded over
+    ("data", "fsdp") with a mesh). `lower(...)` gives the jitted program for
+    inspection (memory, HLO).
+    """
+
+    def __init__(self, fn: Callable, *, micro_batches: int, mesh, param_axes, optimizer):
+        self._fn, self.micro_batches, self.mesh = fn, micro_batches, mesh
+        self._param_axes, self._optimizer, self._jitted = param_axes, optimizer, None
+        self.data_shards = 1 if mesh is None else mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1)
+
+    def _batch_shardings(self, batch: Batch) -> Batch:
+        shape = dict(self.mesh.shape)
+
+        def sharding(x):
+            names = ("batch", "length")[: len(np.shape(x))]
+            return NamedSharding(self.mesh, logical_to_spec(names, np.shape(x), shape))
+
+        return jax.tree.map(sharding, batch)
+
+    def _prepare(self, state: TrainState, batch: Batch):
+        check_batch(batch, self.micro_batches, self.data_shards)
+        if self._jitted is None:
+            if self.mesh is None:
+                self._jitted = jax.jit(self._fn, donate_argnums=0)
+            else:
+                # Fixed output shardings: the donated state comes back laid out as it went in, every step.
+                out = train_state_shardings(self.mesh, self._param_axes, self._optimizer, state.params)
+                self._jitted = jax.jit(self._fn, donate_argnums=0,
+                                       out_shardings=(out, NamedSharding(self.mesh, PartitionSpec())))
+        if self.mesh is None:
+            return jax.device_put(batch)
+        return jax.device_put(batch, self._batch_shardings(batch))
+
+    def __call__(self, state: TrainState, ref_params: dict, batch: Batch) -> tuple[TrainState, dict]:
+        batch = self._prepare(state, batch)
+        if self.mesh is None:
+            return self._jitted(state, ref_params, batch)
+        with jax.set_mesh(self.mesh):  # activation constraints inside the model read the mesh from here
+            return self._jitted(state, ref_params, batch)
+
+    def lower(self, state: TrainState, ref_params: dict, batch: Batch):
+        batch = self._prepare(state, batch)
+        if self.mesh is None:
+            return self._jitted.lower(state, ref_params, batch)
+        with jax.set_mesh(self.mesh):
+            return self._jitted.lower(state, ref_params, batch)
+
+    def __repr__(self) -> str:
+        mesh = None if self.mesh is None else dict(self.mesh.shape)
+        return f"TrainStep(micro_batches={self.micro_batches}, mesh={mesh})"
+
+
+def make_train_step(family, model_config, optimizer: optax.GradientTransformation, *, kl_coef: float,
+                    entropy_coef: float, clip_eps: float, micro_batches: int = 1, remat: bool = True, mesh=None,
+                    temperature: float = 1.0, compute_dtype=None, logprob_chunk: int = 128) -> TrainStep:
+    """The GRPO update as one jitted call (see the module docstring for the math).
+
+    Args:
+      family, model_config: the policy's model (`wmrl_jax.models.family` contract).
+      optimizer: from `make_optimizer`.
+      kl_coef, entropy_coef, clip_eps: `losses.grpo_loss` (paper: 0.04, 0.002, 0.2).
+      micro_batches: M equal slices of the batch, gradients summed over them
+        (one optimizer update); B must be divisible by M (and, with a mesh, B/M
+        by the data×fsdp size).
+      remat: wrap each micro-batch's forward + loss in `jax.checkpoint`. Measured,
+        this does NOT lower peak memory (qwen35 hidden 64, 4 layers, B=4, T=1024 on
+        CPU: 485.9 MiB of temporaries with and without): the backward re-linearises
+        the whole layer scan, keeping every layer's residuals, and costs one more
+        forward. Real savings need per-layer remat, `jax.checkpoint` around the
+        scan body inside the families' `forward` (a models/ change, not made here).
+      mesh: a `models.make_mesh` Mesh; None runs on the default device.
+      temperature: the sampler's temperature (the ratio and KL use the same
+        tempered softmax the rollouts were drawn from).
+      compute_dtype: run forward/backward in this dtype (params cast inside the
+        loss; gradients flow back to the master dtype). None: the params' dtype.
+      logprob_chunk: positions unembedded at once (`token_logprobs(chunk=)`).
+
+    Returns:
+      a `TrainStep`: step(state, ref_params, batch) -> (new_state, metrics), metrics
+      float32 scalars: loss, pg_loss, kl, entropy, clip_frac (token means over the
+      whole batch), grad_norm (before clipping), learning_rate (the one this
+      update applied), tokens (N, tokens in the loss), sequences (rollouts in it).
+    """
+    if not (isinstance(micro_batches, int) and micro_batches >= 1):
+        raise ValueError(f"micro_batches: {micro_batches!r}, expected an int >= 1")
+    if not temperature > 0:
+        raise ValueError(f"temperature: {temperature!r}, expected > 0")
+    # grpo_loss checks these only when it is traced; fail here, at build time, instead.
+    for name, value in (("kl_coef", kl_coef), ("entropy_coef", entropy_coef), ("clip_eps", clip_eps)):
+        if not (isinstance(value, (int, float)) and 0 <= value < float("inf")):
+            raise ValueError(f"{name}: {value!r}, expected a finite number >= 0")
+    param_axes = family.param_axes(model_config)
+    logprobs_kw = dict(temperature=temperature, chunk=logprob_chunk)
+
+    def micro_batch_sums(params, ref_params, mb: Batch):
+        """Token SUMS of the loss and its terms over one micro-batch, and the gradient of the loss sum."""
+        prev_valid = jnp.pad(mb.valid[:, :-1], ((0, 0), (1, 0)))
+        mask = mb.loss_mask & mb.valid & prev_valid & (mb.weights > 0)[:, None]
+        count = mask.sum().astype(jnp.float32)
+        ref_logp, _ = token_logprobs(ref_params, model_config, family, mb.tokens, mb.valid, mask, **logprobs_kw)
+        ref_logp = jax.lax.stop_gradient(ref_logp)
+
+        def loss_sum(params):
+            if compute_dtype is not None:
+                params = jax.tree.map(lambda x: x.astype(compute_dtype), params)
+            logp, entropy = token_logprobs(params, model_config, family, mb.tokens, mb.valid, mask, **logprobs_kw)
+            loss, terms = losses.grpo_loss(logp, jax.lax.stop_gradient(logp), ref_logp, mb.advantages, mask,
+                                           clip_eps=clip_eps, kl_coef=kl_coef, entropy=entropy,
+                                           entropy_coef=entropy_coef, aggregation="token-mean")
+            return loss * count, {k: terms[k] * count for k in _TOKEN_MEAN_METRICS}
+
+        if remat:
+            loss_sum = jax.checkpoint(loss_sum)
+        (total, sums), grads = jax.value_and_grad(loss_sum, has_aux=True)(params)
+        sequences = (mask.any(axis=1)).sum().astype(jnp.float32)
+        return grads, {"loss": total, **sums, "tokens": count, "sequences": sequences}
+
+    def step(state: TrainState, ref_params: dict, batch: Batch) -> tuple[TrainState, dict]:
+        batch = Batch(tokens=batch.tokens.astype(jnp.int32), valid=batch.valid.astype(bool),
+                      loss_mask=batch.loss_mask.astype(bool), advantages=batch.advantages.astype(jnp.float32),
+                      weights=batch.weights.astype(jnp.float32))
+        if micro_batches == 1:
+            grads, sums = micro_batch_sums(state.params, ref_params, batch)
+            grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+        else:
+            slices = jax.tree.map(lambda x: _strided_slices(x, micro_batches), batch)
+            if mesh is not None:
+                slices = jax.tree.map(
+                    lambda x: jax.lax.with_sharding_constraint(x, NamedSharding(mesh, logical_to_spec(
+                        (None, "batch", "length")[: x.ndim], x.shape, dict(mesh.shape)))), slices)
+
+            def body(carry, mb):
+                grads, sums = micro_batch_sums(state.params, ref_params, mb)
+                acc_grads, acc_sums = carry
+                acc_grads = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc_grads, grads)
+                return (acc_grads, jax.tree.map(jnp.add, acc_sums, sums)), None
+
+            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+            if mesh is not None:
+                zeros = jax.lax.with_sharding_constraint(zeros, tree_shardings(mesh, param_axes, zeros))
+            zero_sums = {k: jnp.zeros((), jnp.float32)
+                         for k in ("loss", *_TOKEN_MEAN_METRICS, "tokens", "sequences")}
+            (grads, sums), _ = jax.lax.scan(body, (zeros, zero_sums), slices)
+
+        denom = jnp.maximum(sums["tokens"], 1.0)   # a batch with no loss token: zero gradient, not NaN
+        grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, state.params)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {k: sums[k] / denom for k in ("loss", *_TOKEN_MEAN_METRICS)}
+        # inject_hyperparams keeps the rate it just applied (and, under the same name, the schedule's counter).
+        learning_rate = optax.tree_utils.tree_get(opt_state, "learning_rate", jnp.nan,
+                                                  filtering=lambda _, value: isinstance(value, jax.Array))
+        metrics.update(grad_norm=optax.tree.norm(grads), learning_rate=learning_rate, tokens=sums["tokens"],
+                       sequences=sums["sequences"])
+        metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    return TrainStep(step, micro_batches=micro_batches, mesh=mesh, param_axes=param_axes, optimizer=optimizer)
