@@ -118,13 +118,37 @@ def _list_files(folder: pathlib.Path) -> str:
     return "\n".join(lines)
 
 
+def _csv_header(path: pathlib.Path) -> list[str]:
+    import csv
+
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        return next(csv.reader(f), [])
+
+
+def target_columns(task) -> list[str] | None:
+    """Columns of train.csv that test.csv lacks -- what a solution must predict; None without both files."""
+    public = pathlib.Path(task.public_dir)
+    if not ((public / "train.csv").is_file() and (public / "test.csv").is_file()):
+        return None
+    test = set(_csv_header(public / "test.csv"))
+    return [c for c in _csv_header(public / "train.csv") if c not in test]
+
+
 def data_inventory(task, max_chars: int = 4000) -> str:
-    """What the public data holds: `info/inventory.json` when the task has one, else the files and CSV headers."""
+    """What the public data holds: `info/inventory.json` when the task has one, else the files and CSV headers.
+
+    It opens with the target columns (those of train.csv missing from
+    test.csv), written as a Python list: the one fact every solution must get
+    right, stated where no cap cuts it and in the form code uses.
+    """
     info = _info_dir(task)
     if info is not None and (info / "inventory.json").is_file():
         text = _render_inventory(json.loads((info / "inventory.json").read_text()))
     else:
         text = _list_files(pathlib.Path(task.public_dir))
+    targets = target_columns(task)
+    if targets is not None:
+        text = f"Target columns (in train.csv, not in test.csv): {targets!r}\n{text}"
     return _cap(text, max_chars)
 
 
@@ -263,4 +287,5 @@ def run_episodes(lm: ChatModel, tasks: Sequence, group_size: int, *, config: Age
 
 
 __all__ = ["AgentConfig", "Episode", "FeedbackFn", "SANDBOX_PACKAGES", "data_inventory", "extract_solution",
-           "initial_messages", "observation_message", "run_episodes", "system_prompt", "task_overview"]
+           "initial_messages", "observation_message", "run_episodes", "system_prompt", "target_columns",
+           "task_overview"]

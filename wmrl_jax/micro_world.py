@@ -113,8 +113,15 @@ def strip_docstring(code: str) -> str:
 
 
 def agent_reply(label: str, code: str) -> str:
-    """What the agent is trained to answer: a one-line plan, then the program in a ```python block."""
-    return f"Plan: fit {label} on the numeric features.\n```python\n{strip_docstring(code).strip()}\n```"
+    """What the agent is trained to answer: a one-line plan, then the program in a ```python block.
+
+    The plan is the program's own ``model = ...`` line, so writing that line
+    later is a copy of an earlier one -- the pattern a tiny model learns first.
+    """
+    code = strip_docstring(code).strip()
+    line = re.search(r"^model = .*$", code, re.M)
+    plan = line.group(0) if line else f"fit {label}"
+    return f"Plan: {plan}\n```python\n{code}\n```"
 
 
 def world_model_answer(entry: dict) -> str:

@@ -1,7 +1,7 @@
 """The world model: the frozen backbone, prompted to predict what running a solution would give.
 
 WMRL replaces most sandbox executions by this prediction (docs/design.md,
-"One training step"). It has two stages, as in the paper:
+"The agent and the world model"). It has two stages, as in the paper:
 
 1. A deterministic gate. No code block, empty code, or code that fails
    `compile()` is scored at once (malformed / syntax_err) -- the same rule the

@@ -305,7 +305,7 @@ def train(config, *, progress: bool = True) -> RunSummary:
     from wmrl_jax.models import make_mesh, save_hf
     from wmrl_jax.train import update
     from wmrl_jax.train.checkpoint import Checkpointer
-    from wmrl_jax.train.config import agent_config, validate, world_model_config
+    from wmrl_jax.train.config import agent_config, resolve_mesh, validate, world_model_config
     from wmrl_jax.train.metrics import SummaryWriter
 
     start = time.perf_counter()
@@ -315,7 +315,7 @@ def train(config, *, progress: bool = True) -> RunSummary:
     eval_tasks = load_tasks(config, config.eval_split) if config.eval_split else []
     workdir = pathlib.Path(config.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    mesh = make_mesh(tuple(config.mesh[k] for k in ("data", "fsdp", "tensor"))) if jax.device_count() > 1 else None
+    mesh = make_mesh(resolve_mesh(config.mesh, jax.device_count())) if jax.device_count() > 1 else None
     lm = chat.load_chat_model(config.model_path or micro_world.shipped_path(), dtype=config.dtype, mesh=mesh)
     acfg, wcfg = agent_config(config), world_model_config(config)
     groups, group_size = config.rollout.groups_per_step, config.rollout.group_size
@@ -326,12 +326,13 @@ def train(config, *, progress: bool = True) -> RunSummary:
     ref_params = lm.model.params
     family, model_config = lm.model.family, lm.model.config
     optimizer = update.make_optimizer(config.optim)
+    # float32 master weights: an Adam step at lr 1e-6 is below bf16's resolution and would round away.
     state = update.init_train_state(jax.tree.map(jnp.copy, ref_params), optimizer, mesh=mesh,
-                                    param_axes=family.param_axes(model_config))
+                                    param_axes=family.param_axes(model_config), param_dtype=config.optim.param_dtype)
     step_fn = update.make_train_step(family, model_config, optimizer, kl_coef=config.optim.kl_coef,
                                      entropy_coef=config.optim.entropy_coef, clip_eps=config.optim.clip_eps,
                                      micro_batches=config.optim.micro_batches, remat=config.optim.remat, mesh=mesh,
-                                     temperature=acfg.temperature)
+                                     temperature=acfg.temperature, compute_dtype=config.dtype)
     corr = _correction_state(config.rewards, debias, denoise)
     key = jax.random.key_data(jax.random.key(config.seed))
     counters, cursor_pos, first_step, meta = Counters(), 0, 0, {}
@@ -382,8 +383,10 @@ def train(config, *, progress: bool = True) -> RunSummary:
                 return [out[i] for i in rows]
 
             t0 = time.perf_counter()
+            policy = state.params if config.dtype == config.optim.param_dtype else \
+                jax.tree.map(lambda x: x.astype(config.dtype), state.params)   # sample in the model's dtype
             episodes = agent.run_episodes(lm, tasks, group_size, config=acfg, feedback=feedback,
-                                          seed=seed_for(config.seed, step, 3), params=state.params)
+                                          seed=seed_for(config.seed, step, 3), params=policy)
             t_sample = time.perf_counter() - t0
             cpu_before = pool.stats()["cpu_s"]
             scores = score_rollouts(episodes, tasks, group_size, anchors, use_wm=use_wm, lm=lm, wm_config=wcfg,
