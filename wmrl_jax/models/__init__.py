@@ -36,11 +36,12 @@ def init(config: Any, rng: jax.Array, dtype: Any = "float32", *, mesh: jax.shard
 
 
 def _family_of(config: Any):
-    module = type(config).__module__
-    for name in set(FAMILIES.values()):
-        if module == name:
-            return get_family(next(k for k, v in FAMILIES.items() if v == name))
-    raise TypeError(f"config: {type(config).__name__} from {module} is not a Config of a registered family {sorted(set(FAMILIES.values()))}")
+    """The family whose `Config` class `config` is (Qwen3.5's lives in `qwen35_config`, so the module name won't do)."""
+    for model_type in FAMILIES:
+        family = get_family(model_type)
+        if isinstance(config, family.Config):
+            return family
+    raise TypeError(f"config: {type(config).__name__} is not the Config of a registered family {sorted(set(FAMILIES.values()))}")
 
 
 __all__ = [
