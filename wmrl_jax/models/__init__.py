@@ -36,12 +36,13 @@ def init(config: Any, rng: jax.Array, dtype: Any = "float32", *, mesh: jax.shard
 
 
 def _family_of(config: Any):
-    """The family whose `Config` class `config` is (Qwen3.5's lives in `qwen35_config`, so the module name won't do)."""
+    """The family whose `Config` class `config` is (a family may define it in a helper module)."""
     for model_type in FAMILIES:
         family = get_family(model_type)
-        if isinstance(config, family.Config):
+        if type(config) is family.Config:
             return family
-    raise TypeError(f"config: {type(config).__name__} is not the Config of a registered family {sorted(set(FAMILIES.values()))}")
+    raise TypeError(f"config: {type(config).__name__} from {type(config).__module__} is not the Config of a "
+                    f"registered family {sorted(set(FAMILIES.values()))}")
 
 
 __all__ = [
