@@ -295,19 +295,21 @@ def seal_decode_params(params: dict, *, tied: bool, head: bool) -> dict:
 def unembed(hidden_btd: jax.Array, params: dict, tied: bool) -> jax.Array:
     """float32[B, T, V] logits of final-normed hidden [B, T, D]: ``lm_head_dv``, or ``embed_vd`` transposed if tied.
 
-    In a decode layout ``lm_head_dv`` may be an ``OutIn`` [V, D]
-    (``seal_decode_params``, also when tied), and a step of few rows (``few_rows_path``) multiplies it
-    by ``few_rows_matmul``.
+    In a decode layout ``lm_head_dv`` is an ``OutIn`` [V, D] (also when tied:
+    ``seal_decode_params``), which a step of few rows (``few_rows_path``)
+    multiplies by ``few_rows_matmul``.
     """
     head = params.get("lm_head_dv")
     if isinstance(head, OutIn):
         b, t, d = hidden_btd.shape
         if few_rows_path(b * t):
             return few_rows_matmul(hidden_btd.reshape(b * t, d), head.weight).reshape(b, t, -1)
-        return jnp.einsum("btd,vd->btv", hidden_btd, head.weight, preferred_element_type=jnp.float32)
-    if tied:
-        return jnp.einsum("btd,vd->btv", hidden_btd, params["embed_vd"], preferred_element_type=jnp.float32)
-    return jnp.einsum("btd,dv->btv", hidden_btd, params["lm_head_dv"], preferred_element_type=jnp.float32)
+        w_vd = head.weight
+    elif tied:
+        w_vd = params["embed_vd"]
+    else:
+        return jnp.einsum("btd,dv->btv", hidden_btd, head, preferred_element_type=jnp.float32)
+    return jnp.einsum("btd,vd->btv", hidden_btd, w_vd, preferred_element_type=jnp.float32)
 
 
 def positions_from_valid(valid: jax.Array) -> jax.Array:
