@@ -103,7 +103,7 @@ def matmul_floor(model, args) -> tuple[float, float]:
     weights = []
     for lp in params["layers"]:
         weights += [lp["qkv_proj_dx"], lp["o_proj_xd"], lp["gate_up_proj_dx"], lp["down_proj_fd"]]
-    weights.append(OutIn(params["lm_head_dv"].T) if "lm_head_dv" in params else OutIn(params["embed_vd"]))
+    weights.append(params["lm_head_dv"])  # the decode layout's head: OutIn [V, D], tied or not
     # [in, out] arrays for the chain; the OutIn ones (all) multiply as the sampler does (`layers.project`).
     few_rows = [isinstance(w, OutIn) and few_rows_path(args.batch) for w in weights]
     weights = [w.weight.T if isinstance(w, OutIn) else w for w in weights]

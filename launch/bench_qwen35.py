@@ -164,7 +164,7 @@ def decode_floor(model, rows: int) -> tuple[float, float]:
     """(XLA, torch) best seconds of one decode step's weight products alone: layers and unembedding.
 
     Ours as the CPU decode multiplies: every product by ``layers.few_rows_matmul``
-    where ``layers.few_rows_path`` (``qwen35._decode_blocks``, ``layers.unembed``).
+    where ``layers.few_rows_path`` (``qwen35.decode_layout``, ``layers.unembed``).
     """
     from wmrl_jax.models.layers import few_rows_path
 

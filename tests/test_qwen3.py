@@ -52,8 +52,8 @@ def test_f32_logits_match_transformers(checkpoint):
 def test_cached_decoding_equals_full_forward(checkpoint, layout):
     """Prefill into a prompt-sized cache, grow it, decode one token at a time: the sampler's path.
 
-    "per_layer*" run it in `qwen3.decode_layout` (unstacked layers, per-layer
-    KV buffers, optionally fused q|k|v and gate|up matmuls), as `sample` does.
+    "per_layer*" run the 1-token steps in `qwen3.decode_layout` (unstacked layers, per-layer
+    KV buffers, optionally fused q|k|v and gate|up matmuls), converted after the prefill, as `sample` does.
     """
     from wmrl_jax.sampling import grow_cache
 
@@ -68,12 +68,12 @@ def test_cached_decoding_equals_full_forward(checkpoint, layout):
 
     forward = jax.jit(qwen3.forward, static_argnums=1)
     cache = qwen3.init_cache(cfg, batch=3, max_len=5, dtype=jnp.float32)
+    hidden, cache = forward(params, cfg, tokens[:, :5], positions[:, :5], valid[:, :5], cache)
+    cache = grow_cache(qwen3.cache_axes(cfg), cache, 12)
     if layout != "stacked":
         params, cache = qwen3.decode_layout(cfg, params, cache, fuse_matmuls=layout.endswith("fused"))
         assert isinstance(params["layers"], tuple) and len(cache["k"]) == cfg.num_layers
         assert ("qkv_proj_dx" in params["layers"][0]) == layout.endswith("fused")
-    hidden, cache = forward(params, cfg, tokens[:, :5], positions[:, :5], valid[:, :5], cache)
-    cache = grow_cache(qwen3.cache_axes(cfg), cache, 12)
     steps = [hidden]
     for t in range(5, 8):
         hidden, cache = forward(params, cfg, tokens[:, t : t + 1], positions[:, t : t + 1], valid[:, t : t + 1], cache)
@@ -123,15 +123,19 @@ def test_few_rows_matmul_and_one_token_unembed_match_numpy():
     assert got.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(got), np.asarray(xb, np.float64) @ np.asarray(wb, np.float64).T, atol=1e-4)
 
-    assert layers.few_rows_path(8) and not layers.few_rows_path(layers.FEW_ROWS + 1)  # CPU, no mesh
+    assert layers.few_rows_path(8) and not layers.few_rows_path(layers.FEW_ROWS + 1)  # no mesh
     params = {"lm_head_dv": w.T.copy(), "embed_vd": w}
-    for t in (1, 3):  # one token (few-rows path) and a block of tokens (the einsum)
+    for t in (1, 5):  # 8 rows (few-rows path in a decode layout) and 40 (the einsum)
         hidden = rng.standard_normal((8, t, 64)).astype(np.float32)
         want = np.einsum("btd,vd->btv", hidden.astype(np.float64), w.astype(np.float64))
         for tied in (False, True):
-            got = jax.jit(layers.unembed, static_argnums=2)(hidden, params, tied)
-            assert got.shape == (8, t, 100) and got.dtype == jnp.float32
-            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+            for head in (False, True):  # the stored head, and a decode layout's `OutIn` one
+                unembed = lambda h, p, tied=tied, head=head: layers.unembed(
+                    h, layers.seal_decode_params(p, tied=tied, head=head), tied
+                )
+                got = jax.jit(unembed)(hidden, params)
+                assert got.shape == (8, t, 100) and got.dtype == jnp.float32
+                np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
     mesh = jax.make_mesh((1,), ("data",))
     with jax.set_mesh(mesh):
         assert not layers.few_rows_path(8)  # under a mesh the products stay dots
@@ -146,9 +150,6 @@ def test_grow_cache_pads_only_cache_length_axes():
     grown = grow_cache(qwen3.cache_axes(cfg), cache, 8)
     assert grown["k"].shape == cache["k"].shape[:-1] + (8,) and grown["v"].shape[3] == 8
     assert int(grown["index"]) == 3 and np.asarray(grown["valid"]).sum() == 6 and grown["valid"].shape == (2, 8)
-    _, per_layer = qwen3.decode_layout(cfg, models.init(cfg, jax.random.key(0)).params, cache)
-    grown = grow_cache(qwen3.cache_axes(cfg), per_layer, 8)
-    assert all(k.shape[-1] == 8 for k in grown["k"]) and all(v.shape[2] == 8 for v in grown["v"])
     with pytest.raises(ValueError, match="cannot grow"):
         grow_cache(qwen3.cache_axes(cfg), cache, 2)
 

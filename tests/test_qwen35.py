@@ -128,9 +128,14 @@ def test_left_padded_batch_equals_unpadded_rows(zoo):
         np.testing.assert_allclose(padded[row, -len(prompt) :], alone, atol=1e-4, rtol=0)
 
 
-def test_cached_decoding_equals_full_forward(zoo):
+@pytest.mark.parametrize("layout", ["stored", "decode", "decode_fused"])
+def test_cached_decoding_equals_full_forward(zoo, layout):
     """Prefill in 6-token chunks (chunked rule; the 2nd and 3rd from a non-zero state), then 1-token steps
-    (recurrent rule); finally a step where one row is padding leaves that row's linear state exactly as it was."""
+    (recurrent rule); finally a step where one row is padding leaves that row's linear state exactly as it was.
+
+    "decode*" run the 1-token steps in `qwen35.decode_layout` (repeats unstacked, optionally fused
+    projections stored output dims first), converted after the prefill, as the sampler does.
+    """
     _, _, model = zoo["hybrid_tail"]
     fam, c, params = model.family, model.config, model.params
     prompts = [list(_tokens(1, n, seed=n)[0]) for n in _PADDED_PROMPTS]
@@ -143,6 +148,12 @@ def test_cached_decoding_equals_full_forward(zoo):
     cache = fam.init_cache(c, 3, 24, jnp.float32)
     pieces = []
     for start, stop in [(0, 6), (6, 12), (12, 18), (18, 19), (19, 20), (20, 21)]:
+        if start == 18 and layout != "stored":
+            params, cache = jax.jit(fam.decode_layout, static_argnums=0, static_argnames="fuse_matmuls")(
+                c, params, cache, fuse_matmuls=layout == "decode_fused"
+            )
+            assert isinstance(params["blocks"], tuple) and len(cache["blocks"]) == c.num_repeats
+            assert isinstance(params["lm_head_dv"], layers.OutIn) == (layout == "decode_fused")
         sl = slice(start, stop)
         hidden, cache = step(params, c, tokens[:, sl], positions[:, sl], valid[:, sl], cache)
         pieces.append(np.asarray(fam.unembed(params, c, hidden)))
@@ -153,10 +164,13 @@ def test_cached_decoding_equals_full_forward(zoo):
 
     hold = np.array([[True], [False], [True]])
     _, after = step(params, c, tokens[:, :1], positions[:, -1:] + 1, hold, cache)
-    for part, pos in (("blocks", "0"), ("tail", "0")):
+    blocks = (lambda x: x[0]) if layout != "stored" else (lambda x: x)  # the first repeat, or the stack
+    for layer, layer_after, axis in (
+        (blocks(cache["blocks"])["0"], blocks(after["blocks"])["0"], 1 if layout == "stored" else 0),
+        (cache["tail"]["0"], after["tail"]["0"], 0),
+    ):
         for name in ("conv", "state"):
-            before_l, after_l = np.asarray(cache[part][pos][name]), np.asarray(after[part][pos][name])
-            axis = 1 if part == "blocks" else 0  # blocks are stacked over repeats first
+            before_l, after_l = np.asarray(layer[name]), np.asarray(layer_after[name])
             np.testing.assert_array_equal(np.take(after_l, 1, axis), np.take(before_l, 1, axis))
             assert np.abs(np.take(after_l, 0, axis) - np.take(before_l, 0, axis)).max() > 0
 

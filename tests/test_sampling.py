@@ -204,20 +204,80 @@ def test_sample_inside_a_jitted_step_logprobs_equal_teacher_forced(qwen3):
     assert np.asarray(out.logprobs).std() > 0.1  # a real distribution, not all-greedy
 
 
-def test_stacked_and_per_layer_decode_sample_the_same(qwen3):
-    """per_layer_decode=False (the GPU/TPU default: stacked layers under scan) == the CPU default layout."""
-    _, model, _ = qwen3
-    prompt_bp, mask_bp = left_pad(PROMPTS, pad_id=0)
+@pytest.fixture(scope="module")
+def qwen35(tmp_path_factory):
+    """(HF torch Qwen3_5ForCausalLM, our Model loaded from its save_pretrained folder): 2 linear + 1 full layer."""
+    import transformers
+
+    from wmrl_jax.models import qwen35
+
+    layer_types = [qwen35.LINEAR, qwen35.FULL, qwen35.LINEAR]
+    config = transformers.Qwen3_5TextConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3, layer_types=layer_types,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 5000.0, "partial_rotary_factor": 0.5},
+        eos_token_id=2, pad_token_id=0,
+    )  # fmt: skip
+    config._attn_implementation = "eager"
+    hf = transformers.Qwen3_5ForCausalLM(config).float().eval()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # every weight random and O(0.1-1), so a wrong gate or norm shows
+        for name, param in hf.named_parameters():
+            noise = torch.randn(param.shape, generator=gen)
+            param.copy_(1.0 + 0.3 * noise if "linear_attn.norm" in name else 0.3 * noise if "norm" in name else 0.15 * noise)
+    path = tmp_path_factory.mktemp("qwen35_sampling")
+    hf.save_pretrained(path)
+    return hf, load_hf(path)
+
+
+def _prompts_for(model):
+    return [[p % (model.config.vocab_size - 3) + 3 for p in prompt] for prompt in PROMPTS]
+
+
+@pytest.mark.parametrize("family_fixture", ["qwen3", "qwen35"])
+def test_both_families_decode_through_the_one_hook(request, monkeypatch, family_fixture):
+    """The sampler's `decode_layout` (the family hook, the CPU default) samples what the stored layout does.
+
+    Both families: same tokens and log-probs with the hook on (per-layer
+    weights and cache, fused projections multiplied as row reductions) and off
+    (the stored layer scan, the GPU/TPU path). And the choice is the
+    sampler's alone: `forward` traces to the same program whichever backend
+    JAX reports, and under a non-CPU backend the sampler's default is the
+    stored scan, with no hook call (no second copy of the weights).
+    """
+    model = request.getfixturevalue(family_fixture)[1]
+    fam, cfg = model.family, model.config
+    prompt_bp, mask_bp = left_pad(_prompts_for(model), pad_id=0)
+    prompt_bp, mask_bp = jnp.asarray(prompt_bp, jnp.int32), jnp.asarray(mask_bp, bool)
+    knobs = dict(max_new_tokens=NEW, temperature=0.7, top_k=20, eos_ids=(2,))
     run = {
-        flag: sampling._sample_jit(
-            model.params, model.config, model.family, jnp.asarray(prompt_bp, jnp.int32), jnp.asarray(mask_bp, bool),
-            jax.random.key(1), max_new_tokens=NEW, temperature=0.7, top_k=20, per_layer_decode=flag,
-        )
+        flag: sampling._sample_jit(model.params, cfg, fam, prompt_bp, mask_bp, jax.random.key(1), decode_layout=flag, **knobs)
         for flag in (True, False)
     }
     np.testing.assert_array_equal(np.asarray(run[True].tokens), np.asarray(run[False].tokens))
     np.testing.assert_allclose(np.asarray(run[True].logprobs), np.asarray(run[False].logprobs), atol=1e-5)
     np.testing.assert_array_equal(np.asarray(run[True].lengths), np.asarray(run[False].lengths))
+    assert len(set(np.asarray(run[True].tokens).ravel().tolist())) > 3  # not one repeated token
+
+    def sample_jaxpr(**kwargs):
+        fn = lambda params, tokens, valid, rng: sampling.sample(params, cfg, fam, tokens, valid, rng, **knobs, **kwargs)
+        return str(jax.make_jaxpr(fn)(model.params, prompt_bp, mask_bp, jax.random.key(1)))
+
+    cache = fam.init_cache(cfg, 4, 8, jnp.float32)
+    one = jnp.ones((4, 1), jnp.int32)
+
+    def step_jaxpr():  # a one-token cached step of `forward`, stored layout
+        return str(jax.make_jaxpr(fam.forward, static_argnums=1)(model.params, cfg, one, one, one.astype(bool), cache))
+
+    cpu = {"step": step_jaxpr(), "default": sample_jaxpr(), "on": sample_jaxpr(decode_layout=True)}
+    assert cpu["default"] == cpu["on"] and "optimization_barrier" in cpu["on"]
+    assert "scan" in cpu["step"]  # the stored layout runs its layers under the scan, on any backend
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert step_jaxpr() == cpu["step"]
+    gpu_default = sample_jaxpr()
+    assert gpu_default == sample_jaxpr(decode_layout=False) != cpu["on"]
+    assert "optimization_barrier" not in gpu_default
 
 
 def _logprobs_fn(params, config, family, tokens, valid):
@@ -269,30 +329,10 @@ def test_bad_arguments_name_the_argument(qwen3):
         sampling.generate(object(), PROMPTS, max_new_tokens=4)
 
 
-def test_greedy_equals_transformers_qwen35(tmp_path):
+def test_greedy_equals_transformers_qwen35(qwen35):
     """The sampler only uses the family contract: the hybrid Qwen3.5 (gated DeltaNet + gated attention) decodes too."""
-    import transformers
-
-    from wmrl_jax.models import qwen35
-
-    layer_types = [qwen35.LINEAR, qwen35.FULL, qwen35.LINEAR]
-    config = transformers.Qwen3_5TextConfig(
-        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3, layer_types=layer_types,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-        linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4, rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": 5000.0, "partial_rotary_factor": 0.5},
-        eos_token_id=2, pad_token_id=0,
-    )  # fmt: skip
-    config._attn_implementation = "eager"
-    hf = transformers.Qwen3_5ForCausalLM(config).float().eval()
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # every weight random and O(0.1-1), so a wrong gate or norm shows
-        for name, param in hf.named_parameters():
-            noise = torch.randn(param.shape, generator=gen)
-            param.copy_(1.0 + 0.3 * noise if "linear_attn.norm" in name else 0.3 * noise if "norm" in name else 0.15 * noise)
-    hf.save_pretrained(tmp_path)
-    model = load_hf(tmp_path)
-    prompts = [[p % 93 + 3 for p in prompt] for prompt in PROMPTS]
+    hf, model = qwen35
+    prompts = _prompts_for(model)
     eos = 2
     ref, _ = hf_greedy(hf, prompts, NEW, eos_id=eos)
     ours = sampling.generate(model, prompts, max_new_tokens=NEW, temperature=0.0, eos_ids=(eos,))

@@ -161,7 +161,7 @@ def sample(
     active: jax.Array | None = None,
     cache_dtype: Any = None,
     mesh: Any = None,
-    per_layer_decode: bool | None = None,
+    decode_layout: bool | None = None,
 ) -> SampleOutput:
     """Samples up to `max_new_tokens` continuations of a left-padded batch of prompts.
 
@@ -188,12 +188,16 @@ def sample(
       mesh: optional `jax.sharding.Mesh` (static): pins the cache to the
         family's `cache_axes` through the sharding rules (batch over
         data x fsdp, KV heads over tensor); inputs keep their own shardings.
-      per_layer_decode: run prefill and decode in the family's
-        `decode_layout` (Qwen3: unstacked layers, fused matmuls, one KV
-        buffer per layer), static. None = only on a CPU backend: XLA:CPU
-        copies every stacked-weight slice per token (measured 96 -> ~69 ms
-        a step with it), while GPU/TPU XLA reads the slices in place and the
-        layout would hold a second copy of the weights during sampling.
+      decode_layout: decode in the family's `decode_layout` (static): the
+        one place the CPU-specific decode path is chosen. The prefill runs in
+        the stored layout; then params and cache are converted once and the
+        decode loop reads the converted ones (per-layer weights and buffers,
+        projections fused and stored output dims first, which few rows
+        multiply as row reductions). None = only on a CPU backend: XLA:CPU
+        copies every stacked-weight slice per token under the layer scan
+        (the Qwen3 bench model: 96 -> ~70 ms a step with it), while GPU/TPU
+        XLA reads the slices in place and the layout would hold a second copy
+        of the weights during sampling.
 
     Returns:
       SampleOutput with [B, N] tokens / logprobs and [B] lengths / finished.
@@ -215,16 +219,15 @@ def sample(
     cache = family.init_cache(config, batch, prompt_len, dtype)
     if mesh is not None:
         cache = jax.lax.with_sharding_constraint(cache, _cache_sharding(family, config, mesh, cache))
-    to_decode_layout = getattr(family, "decode_layout", None)  # optional family hook (see family.py)
-    if per_layer_decode is None:
-        per_layer_decode = jax.default_backend() == "cpu"
-    if per_layer_decode and to_decode_layout is not None:
-        params, cache = to_decode_layout(config, params, cache, fuse_matmuls=mesh is None)
     valid = valid.astype(bool)
     positions = positions_from_valid(valid)
     hidden, cache = family.forward(params, config, tokens.astype(jnp.int32), positions, valid, cache)
     cache = grow_cache(family.cache_axes(config), cache, prompt_len + max_new_tokens)
     logits = family.unembed(params, config, hidden[:, -1:])[:, 0]
+    if decode_layout is None:
+        decode_layout = jax.default_backend() == "cpu"
+    if decode_layout:
+        params, cache = family.decode_layout(config, params, cache, fuse_matmuls=mesh is None)
     first, first_logp = choose(logits, jax.random.fold_in(rng, 0))
     first = jnp.where(active, first, pad_id)
 
@@ -276,7 +279,7 @@ _SAMPLE_STATIC = (
     "pad_id",
     "cache_dtype",
     "mesh",
-    "per_layer_decode",
+    "decode_layout",
 )
 
 # Compiled once per (shapes, static knobs); `generate` buckets shapes to keep that set small.
@@ -394,16 +397,10 @@ def generate(
 def grow_cache(cache_axes: Any, cache: Any, max_len: int) -> Any:
     """The cache with every "cache_length" axis zero-padded to `max_len` slots (new slots: not valid).
 
-    `cache_axes` is the family's `cache_axes(config)`; a cache leaf may also be
-    a tuple of per-layer buffers (a family's `decode_layout`), whose axes are
-    the stacked leaf's without the leading "layers".
+    `cache_axes` is the family's `cache_axes(config)` (the stored layout).
     """
 
     def grow(names, x):
-        if isinstance(x, (tuple, list)):
-            if names[:1] != ("layers",):
-                raise ValueError(f"cache: a per-layer tuple of buffers needs axes starting with 'layers', got {names}")
-            return type(x)(grow(names[1:], layer) for layer in x)
         if "cache_length" not in names:
             return x
         if len(names) != x.ndim:

@@ -33,11 +33,19 @@ Conventions shared by all families
   reading, writing, checking and placement. A family may also define
   ``hf_ignore(config) -> tuple[str, ...]`` (regexes of HF keys skipped on load
   with a one-line notice, e.g. a vision tower) — optional.
-* A family may also define ``decode_layout(config, params, cache, *,
-  fuse_matmuls) -> (params, cache)`` — optional: a layout that ``forward``
-  also accepts and that decodes faster (Qwen3: unstacked layers, fused
-  matmuls, per-layer KV buffers whose axes are the stacked leaf's without
-  "layers"). ``sampling.sample`` applies it once per call on CPU backends.
+* ``decode_layout(config, params, cache, *, fuse_matmuls) -> (params,
+  cache)``: the same model in a layout that ``forward`` also accepts and that
+  a CPU decode loop reads fastest (both families: the layer stacks unstacked
+  into tuples, so that no per-token slice of a stacked weight is copied, and
+  the cache likewise, updated in place; with ``fuse_matmuls``, projections
+  that read one input concatenated and every projection and the LM head
+  stored output dims first, ``layers.OutIn``, which few rows multiply as row
+  reductions). ``forward`` never looks at the backend: it runs whichever
+  layout it is given. The choice is made in one place, ``sampling.sample``
+  (its ``decode_layout`` argument, default: on a CPU backend), which applies
+  the hook once per call, after the prefill; on GPU/TPU the decode stays the
+  stored layer scan (no second copy of the weights). ``fuse_matmuls`` is
+  False under a mesh (a fused axis would mix differently sharded heads).
 * ``param_axes`` leaves are tuples of logical names (see ``sharding.RULES``);
   ``cache_axes`` likewise, with ``()`` for the scalar ``index``.
 * Writing past ``max_len`` in a cache is not detected inside jit
@@ -190,3 +198,7 @@ class ModelFamily(Protocol):
     ) -> tuple[jax.Array, Cache | None]: ...
 
     def unembed(self, params: Params, config: Any, hidden: jax.Array) -> jax.Array: ...
+
+    def decode_layout(
+        self, config: Any, params: Params, cache: Cache | None, *, fuse_matmuls: bool = True
+    ) -> tuple[Params, Cache | None]: ...

@@ -194,12 +194,15 @@ FEW_ROWS = 32
 
 
 def few_rows_path(rows: int) -> bool:
-    """Whether a product of ``rows`` rows should take ``few_rows_matmul``: few rows, CPU, no mesh in scope.
+    """Whether an ``OutIn`` product of ``rows`` rows takes ``few_rows_matmul``: few rows, no mesh in scope.
 
-    A mesh's partitioner may place the multiply and the reduce apart (the
-    [M, N, K] product would then be materialised), so sharded code keeps dots.
+    Only a family's ``decode_layout`` makes ``OutIn`` weights, and the sampler
+    chooses that layout (on CPU backends by default), so this needs no backend
+    check of its own. A mesh's partitioner may place the multiply and the
+    reduce apart (the [M, N, K] product would then be materialised), so
+    sharded code keeps dots.
     """
-    return rows <= FEW_ROWS and jax.default_backend() == "cpu" and jax.sharding.get_abstract_mesh().empty
+    return rows <= FEW_ROWS and jax.sharding.get_abstract_mesh().empty
 
 
 def few_rows_matmul(x_mk: jax.Array, w_nk: jax.Array) -> jax.Array:
@@ -227,12 +230,34 @@ def out_in(w: jax.Array, n_in: int) -> OutIn:
     return OutIn(jnp.transpose(w, tuple(range(n_in, w.ndim)) + tuple(range(n_in))))
 
 
+def fuse_projections(layer: dict, fused: dict[str, tuple[str, ...]], n_in: dict[str, int]) -> dict:
+    """One layer's weights as a decode step of few rows multiplies them fastest on CPU (``decode_layout``).
+
+    Each ``fused[name] = (a, b, ...)`` (projections that read the same input)
+    is flattened to ``[in, out]`` and concatenated along its outputs into one
+    weight ``name``: one product instead of several. Then every projection
+    (``n_in[name]``: how many leading dims it contracts; 1 for a fused one)
+    is stored output dims first (``OutIn``), which ``project`` multiplies as
+    a row reduction: at M = B·T = 8 rows XLA:CPU streams a ``[out, in]``
+    weight through ``few_rows_matmul`` about twice as fast as through a dot
+    against ``[in, out]``. Other leaves (norms, conv, biases) pass through.
+    """
+    layer, n_in = dict(layer), dict(n_in)
+    for name, parts in fused.items():
+        if all(part in layer for part in parts):
+            flat = [layer[part].reshape(math.prod(layer[part].shape[: n_in[part]]), -1) for part in parts]
+            for part in parts:
+                del layer[part]
+            layer[name], n_in[name] = jnp.concatenate(flat, axis=1), 1
+    return {name: out_in(w, n_in[name]) if name in n_in else w for name, w in layer.items()}
+
+
 def project(spec: str, x: jax.Array, w: jax.Array | OutIn) -> jax.Array:
     """``einsum(spec, x, w)`` for a projection whose contracted dims end x and start w.
 
     An ``OutIn`` weight is multiplied by ``few_rows_matmul`` where
-    ``few_rows_path`` (a CPU decode step), else by the same einsum over its
-    transposed dims; the result is laid out as ``spec`` says either way.
+    ``few_rows_path`` (a decode step of few rows), else by the same einsum
+    over its transposed dims; the result is laid out as ``spec`` says either way.
     """
     if not isinstance(w, OutIn):
         return jnp.einsum(spec, x, w)
@@ -248,20 +273,43 @@ def project(spec: str, x: jax.Array, w: jax.Array | OutIn) -> jax.Array:
     return jnp.einsum(f"{lead}{w_out}->{out_dims}", y.reshape(*lead_shape, *out_shape))
 
 
+def seal_decode_params(params: dict, *, tied: bool, head: bool) -> dict:
+    """A family's ``decode_layout`` params behind an ``optimization_barrier``, with the LM head as ``OutIn`` if ``head``.
+
+    The head is [V, D] (``lm_head_dv`` transposed, or the tied embedding
+    itself), as ``unembed`` multiplies it at a step of few rows. The barrier
+    (an identity) keeps XLA from sinking the slices, concatenations and
+    transposes that built the layout into the decode loop: they are cheap to
+    recompute, so it does, but then per token. A tied head is set after the
+    barrier, so that it stays the embedding's own buffer.
+    """
+    params = dict(params)
+    if head and not tied:
+        params["lm_head_dv"] = out_in(params["lm_head_dv"], 1)
+    params = jax.lax.optimization_barrier(params)
+    if head and tied:
+        params["lm_head_dv"] = OutIn(params["embed_vd"])
+    return params
+
+
 def unembed(hidden_btd: jax.Array, params: dict, tied: bool) -> jax.Array:
     """float32[B, T, V] logits of final-normed hidden [B, T, D]: ``lm_head_dv``, or ``embed_vd`` transposed if tied.
 
-    A one-token step of few rows on CPU (``few_rows_path``) takes
-    ``few_rows_matmul`` over the [V, D] head (an untied head is transposed
-    behind an ``optimization_barrier``, so that inside a decode loop XLA
-    hoists the transpose out and makes it once).
+    In a decode layout ``lm_head_dv`` is an ``OutIn`` [V, D] (also when tied:
+    ``seal_decode_params``), which a step of few rows (``few_rows_path``)
+    multiplies by ``few_rows_matmul``.
     """
-    if hidden_btd.shape[1] == 1 and few_rows_path(hidden_btd.shape[0]):
-        w_vd = params["embed_vd"] if tied else jax.lax.optimization_barrier(params["lm_head_dv"].T)
-        return few_rows_matmul(hidden_btd[:, 0], w_vd)[:, None]
-    if tied:
-        return jnp.einsum("btd,vd->btv", hidden_btd, params["embed_vd"], preferred_element_type=jnp.float32)
-    return jnp.einsum("btd,dv->btv", hidden_btd, params["lm_head_dv"], preferred_element_type=jnp.float32)
+    head = params.get("lm_head_dv")
+    if isinstance(head, OutIn):
+        b, t, d = hidden_btd.shape
+        if few_rows_path(b * t):
+            return few_rows_matmul(hidden_btd.reshape(b * t, d), head.weight).reshape(b, t, -1)
+        w_vd = head.weight
+    elif tied:
+        w_vd = params["embed_vd"]
+    else:
+        return jnp.einsum("btd,dv->btv", hidden_btd, head, preferred_element_type=jnp.float32)
+    return jnp.einsum("btd,vd->btv", hidden_btd, w_vd, preferred_element_type=jnp.float32)
 
 
 def positions_from_valid(valid: jax.Array) -> jax.Array:

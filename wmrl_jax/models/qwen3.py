@@ -232,44 +232,46 @@ def cache_axes(config: Config) -> dict:
     }
 
 
-def decode_layout(config: Config, params: Params, cache: Cache | None, *, fuse_matmuls: bool = True):
-    """(params, cache) in the per-layer layout the sampler decodes in; `forward` takes both layouts.
+# The decode layout's fused projections (each group reads one input) and how
+# many leading dims each stored projection contracts (`layers.fuse_projections`).
+_FUSED = {
+    "qkv_proj_dx": ("q_proj_dnh", "k_proj_dkh", "v_proj_dkh"),
+    "gate_up_proj_dx": ("gate_proj_df", "up_proj_df"),
+    "o_proj_xd": ("o_proj_nhd",),  # a group of one: flattened to the [N·H, D] that `forward` multiplies
+}
+_PROJ_IN = {"q_proj_dnh": 1, "k_proj_dkh": 1, "v_proj_dkh": 1, "o_proj_nhd": 2, "gate_proj_df": 1, "up_proj_df": 1,
+            "down_proj_fd": 1}  # fmt: skip
 
-    A layer scan slices each layer's weights and KV cache out of the [L, ...]
-    stacks, and XLA:CPU copies those slices: per decode step, the whole
-    model's weights plus the whole cache. Here "layers" becomes a tuple of
-    per-layer dicts and the cache's "k"/"v" tuples of per-layer buffers
-    (keys [B, K, H, S], values [B, K, S, H]), so the unrolled layers read
-    their own buffers and the decode loop updates each cache in place. Done
-    once per `sample` call (one copy of the weights). With the transposed-key
-    attention and the fused matmuls below, a batch-32 decode step of the
-    bench_generate model went from 96 to ~70 ms on 2 CPU cores.
+
+def decode_layout(config: Config, params: Params, cache: Cache | None, *, fuse_matmuls: bool = True):
+    """(params, cache) in the layout a CPU decode loop reads fastest; `forward` takes both layouts.
+
+    The family hook of `family.py`. A layer scan slices each layer's weights
+    and KV cache out of the [L, ...] stacks, and XLA:CPU copies those slices:
+    per decode step, the whole model's weights plus the whole cache. Here
+    "layers" becomes a tuple of per-layer dicts and the cache's "k"/"v"
+    tuples of per-layer buffers (keys [B, K, H, S], values [B, K, S, H]), so
+    the unrolled layers read their own buffers and the decode loop updates
+    each cache in place. The sampler does this once per call, after the
+    prefill (one more copy of the weights while it runs). With the
+    transposed-key attention and the fused matmuls below, a batch-32 decode
+    step of the bench_generate model went from 96 to ~70 ms on 2 CPU cores.
 
     fuse_matmuls: also concatenate q|k|v into `qkv_proj_dx` [D, (N + 2K)·H]
     and gate|up into `gate_up_proj_dx` [D, 2F] (three and two matmuls become
-    one each), and store these, the output projection (`o_proj_xd`) and
-    `down_proj_fd` output dims first (`layers.OutIn`), which a one-token
+    one each), and store every projection and the LM head output dims first
+    (`layers.fuse_projections`, `layers.seal_decode_params`), which a one-token
     step of few rows multiplies as a row reduction (`layers.project`): at
     batch 32, 27.1 -> 19.6 ms for the bench_generate model's 8 layers of
     weights. Leave it off under a mesh: the fused output axis would mix
     differently sharded heads.
     """
     c = config
-    d = c.hidden_size
     layers = []
     for i in range(c.num_layers):
         lp = {name: value[i] for name, value in params["layers"].items()}
-        if fuse_matmuls:
-            q, k, v = (lp.pop(name).reshape(d, -1) for name in ("q_proj_dnh", "k_proj_dkh", "v_proj_dkh"))
-            lp["qkv_proj_dx"] = L.out_in(jnp.concatenate([q, k, v], axis=-1), 1)
-            gate_up = jnp.concatenate([lp.pop("gate_proj_df"), lp.pop("up_proj_df")], axis=-1)
-            lp["gate_up_proj_dx"] = L.out_in(gate_up, 1)
-            lp["o_proj_xd"] = L.out_in(lp.pop("o_proj_nhd").reshape(-1, d), 1)
-            lp["down_proj_fd"] = L.out_in(lp["down_proj_fd"], 1)
-        layers.append(lp)
-    # The barrier keeps XLA from sinking the slices and concatenations into
-    # the decode loop (it does: they are cheap to recompute, but per token).
-    params = jax.lax.optimization_barrier({**params, "layers": tuple(layers)})
+        layers.append(L.fuse_projections(lp, _FUSED, _PROJ_IN) if fuse_matmuls else lp)
+    params = L.seal_decode_params({**params, "layers": tuple(layers)}, tied=c.tie_word_embeddings, head=fuse_matmuls)
     if cache is not None:
         cache = {**cache, **{kv: tuple(cache[kv][i] for i in range(c.num_layers)) for kv in ("k", "v")}}
     return params, cache

@@ -229,17 +229,11 @@ def cache_axes(config: Config) -> dict:
 # --------------------------------------------------------------------------- forward
 
 
-# Input dims (leading, in the einsum name) of every projection weight.
+# How many leading dims each projection weight contracts (`layers.fuse_projections`).
 _PROJ_IN = {
     "qkv_proj_dc": 1, "z_proj_dmu": 1, "b_proj_dm": 1, "a_proj_dm": 1, "out_proj_mud": 2, "q_gate_proj_dnxh": 1,
-    "k_proj_dkh": 1, "v_proj_dkh": 1, "o_proj_nhd": 2, "gate_proj_df": 1, "up_proj_df": 1, "gate_up_proj_dx": 1,
-    "down_proj_fd": 1, "in_proj_dx": 1, "qkv_gate_proj_dx": 1,
-}
-
-
-def _out_in(name: str, w: jax.Array) -> jax.Array | L.OutIn:
-    n_in = _PROJ_IN.get(name)
-    return w if n_in is None else L.out_in(w, n_in)
+    "k_proj_dkh": 1, "v_proj_dkh": 1, "o_proj_nhd": 2, "gate_proj_df": 1, "up_proj_df": 1, "down_proj_fd": 1,
+}  # fmt: skip
 
 
 def _linear_attention(lp: dict, c: Config, h_btd: jax.Array, valid: jax.Array, cache: dict | None):
@@ -329,62 +323,53 @@ def _decoder_layer(kind: str, lp: dict, c: Config, x_btd: jax.Array, ctx: dict, 
     return constrain(x_btd, ("batch", "length", "embed")), new_cache
 
 
-# Projections that read the same input, stacked along their outputs into one
-# weight for the CPU decode (``_decode_blocks``): one product instead of several.
-_STACKED_INPUTS = {
+# The decode layout's fused projections: each group reads one input, so one product serves it.
+_FUSED = {
     "in_proj_dx": ("qkv_proj_dc", "z_proj_dmu", "b_proj_dm", "a_proj_dm"),  # Gated DeltaNet
     "qkv_gate_proj_dx": ("q_gate_proj_dnxh", "k_proj_dkh", "v_proj_dkh"),  # gated attention
+    "gate_up_proj_dx": ("gate_proj_df", "up_proj_df"),  # SwiGLU (`layers.mlp`)
 }
 
 
-def _stack_inputs(layer: dict) -> dict:
-    """One layer's weights with ``_STACKED_INPUTS`` and gate|up stacked (``gate_up_proj_dx``, for ``layers.mlp``)."""
-    layer = dict(layer)
-    layer["gate_up_proj_dx"] = jnp.concatenate([layer.pop("gate_proj_df"), layer.pop("up_proj_df")], axis=1)
-    for stacked, names in _STACKED_INPUTS.items():
-        if names[0] in layer:
-            parts = [layer.pop(name) for name in names]
-            layer[stacked] = jnp.concatenate([w.reshape(w.shape[0], -1) for w in parts], axis=1)
-    return layer
+def decode_layout(config: Config, params: Params, cache: Cache | None, *, fuse_matmuls: bool = True):
+    """(params, cache) in the layout a CPU decode loop reads fastest; `forward` takes both layouts.
 
+    The family hook of `family.py`. "blocks" becomes a tuple over the R
+    repeats (each ``{pattern position: layer}``, unstacked), and so does the
+    cache's, so `forward` unrolls the repeats: each reads its own weights and
+    its own state buffers, which the decode loop updates in place. Under the
+    scan, XLA:CPU copies every slice of a stacked weight on each trip of the
+    sampler's while loop (a scan's dynamic slice cannot be hoisted out of
+    it): 108 MB of weight copies per token for the benchmark model. The
+    sampler does this once per call, after the prefill; it holds one more
+    copy of the weights while it runs (GPU/TPU XLA reads slices in place, so
+    the sampler uses this layout on CPU only).
 
-def _decode_blocks(block_params: dict, block_cache: dict, c: Config, x_btd: jax.Array, ctx: dict):
-    """The scanned blocks of a one-token step on CPU, unrolled over the repeats (same result as the scan).
-
-    A decode step runs inside the sampler's while loop, and XLA's CPU
-    backend copies every slice of a stacked weight on each trip (a slice is
-    "not worth hoisting" out of a loop on its own, and a scan's dynamic slice
-    cannot be): 108 MB of weight copies per token for the benchmark model.
-    Unrolled, each repeat's weights are static slices; behind an
-    ``optimization_barrier`` (an identity) XLA hoists them out of the loop,
-    so they are cut once per sampler call. They are cut output dims first
-    (``layers.OutIn``), and projections that read the same input are stacked
-    (``_stack_inputs``): at M = B·T = 8 rows XLA's CPU matmul streams a
-    ``[out, in]`` left operand about twice as fast as an ``[in, out]`` right
-    one, a row reduction (``layers.few_rows_matmul``, what ``layers.project``
-    takes off a mesh) faster still, and one product beats several. Measured on the
-    benchmark model (8 rows, 2 x (3 linear + 1 full)): 37 ms a step with the
-    scan, 28 ms with hoisted slices, 19 ms transposed; on a later day, 25.6
-    ms before and 18.7 ms after the stacked row reductions (and
-    ``layers.unembed``'s), runs an hour apart on a machine whose speed
-    varies by ±20%. Cost: the hoisted copies hold one more copy of the block
-    weights while the sampler runs (hence CPU only; GPU XLA feeds slices to
-    its GEMMs in place). The recurrent state and KV slices are written back
-    in place (``.at[r].set`` on the loop-carried cache).
+    fuse_matmuls: also stack the projections that read the same input
+    (``_FUSED``) and store every projection and the LM head output dims first
+    (``layers.fuse_projections``, ``layers.seal_decode_params``), which a
+    one-token step of few rows multiplies as a row reduction
+    (``layers.project``). Measured on the benchmark model (8 rows, 2 x (3
+    linear + 1 full)): 37 ms a step with the scan, 28 ms unstacked, 19 ms
+    with the weights output dims first; on a later day 25.6 ms before and
+    18.7 ms after the stacked row reductions (runs an hour apart on a
+    machine whose speed varies by ±20%). Leave it off under a mesh: a fused
+    output axis would mix differently sharded heads.
     """
-    new_cache = {pos: dict(layer) for pos, layer in block_cache.items()}
-    for r in range(c.num_repeats):
-        params_r = {}
-        for pos, layer in block_params.items():
-            layer_r = _stack_inputs({name: w[r] for name, w in layer.items()})
-            params_r[pos] = {name: _out_in(name, w) for name, w in layer_r.items()}
-        params_r = jax.lax.optimization_barrier(params_r)
-        for j, kind in enumerate(c.pattern):
-            layer_cache = {name: leaf[r] for name, leaf in new_cache[str(j)].items()}
-            x_btd, updated = _decoder_layer(kind, params_r[str(j)], c, x_btd, ctx, layer_cache)
-            for name, leaf in updated.items():
-                new_cache[str(j)][name] = new_cache[str(j)][name].at[r].set(leaf)
-    return x_btd, new_cache
+    c = config
+    prepare = (lambda layer: L.fuse_projections(layer, _FUSED, _PROJ_IN)) if fuse_matmuls else dict
+    blocks = tuple(
+        {pos: prepare({name: w[r] for name, w in layer.items()}) for pos, layer in params["blocks"].items()}
+        for r in range(c.num_repeats)
+    )
+    params = {**params, "blocks": blocks}
+    if "tail" in params:  # a loaded checkpoint has none when the pattern divides the depth
+        params["tail"] = {pos: prepare(layer) for pos, layer in params["tail"].items()}
+    params = L.seal_decode_params(params, tied=c.tie_word_embeddings, head=fuse_matmuls)
+    if cache is not None:
+        per_repeat = lambda r: {pos: {n: leaf[r] for n, leaf in layer.items()} for pos, layer in cache["blocks"].items()}
+        cache = {**cache, "blocks": tuple(per_repeat(r) for r in range(c.num_repeats))}
+    return params, cache
 
 
 def forward(
@@ -395,7 +380,11 @@ def forward(
     valid: jax.Array,
     cache: Cache | None = None,
 ) -> tuple[jax.Array, Cache | None]:
-    """Final-normed hidden states [B, T, D] (param dtype) and the updated cache (see family.py)."""
+    """Final-normed hidden states [B, T, D] (param dtype) and the updated cache (see family.py).
+
+    Params and cache are either stacked (the stored layout; the repeats run
+    under `lax.scan`) or per-repeat (`decode_layout`; the repeats unrolled).
+    """
     c = config
     ctx = L.attention_context(tokens, positions, valid, cache)
     x_btd = constrain(jnp.take(params["embed_vd"], tokens, axis=0), ("batch", "length", "embed"))
@@ -408,8 +397,15 @@ def forward(
             x_btd, new_block_cache[str(j)] = _decoder_layer(kind, block_params[str(j)], c, x_btd, ctx, layer_cache)
         return x_btd, (None if block_cache is None else new_block_cache)
 
-    if cache is not None and tokens.shape[1] == 1 and jax.default_backend() == "cpu":
-        x_btd, new_blocks = _decode_blocks(params["blocks"], cache["blocks"], c, x_btd, ctx)
+    per_repeat = isinstance(params["blocks"], (tuple, list))
+    if cache is not None and isinstance(cache["blocks"], (tuple, list)) != per_repeat:
+        raise ValueError("params and cache: one is in `decode_layout` (blocks a tuple over repeats), the other is not")
+    if per_repeat:  # the decode layout: repeats unrolled
+        new_blocks = []
+        for r, block_params in enumerate(params["blocks"]):
+            x_btd, new_block = block(x_btd, (block_params, None if cache is None else cache["blocks"][r]))
+            new_blocks.append(new_block)
+        new_blocks = None if cache is None else tuple(new_blocks)
     else:
         x_btd, new_blocks = jax.lax.scan(block, x_btd, (params["blocks"], None if cache is None else cache["blocks"]))
     new_tail = {}
