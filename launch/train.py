@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 
-from absl import app
+from absl import app, logging
 from ml_collections import config_flags
 
 import bench_common  # noqa: F401  (importing it quiets absl/JAX INFO logs)
@@ -30,6 +30,7 @@ def main(argv):
     del argv
     from wmrl_jax.train import loop
 
+    logging.set_verbosity(logging.WARNING)   # Orbax reports every save at INFO through absl
     if _CONFIG.value is None:
         raise app.UsageError("--config: required, e.g. --config=configs/tiny_cpu.py")
     summary = loop.train(_CONFIG.value)

@@ -276,7 +276,7 @@ class RunSummary:
                                     f"{per_run:.1f} s a run)"),
             ("world-model predictions", c.wm_predictions), ("tokens generated", c.tokens_generated),
             ("ungraded rollouts (real / world model)", f"{c.ungraded_real} / {c.ungraded_wm}"),
-            ("calibrated / refits", f"{self.final.get('wmrl/calibrated')} / {self.final.get('n_fits')}"),
+            ("calibrated / refits", f"{self.final.get('wmrl/calibrated')} / {self.final.get('wmrl/n_fits')}"),
             ("bias reduction", f"{self.final.get('wmrl/bias_reduction', float('nan')):.3f}"),
             ("anchor weight", f"{self.final.get('wmrl/anchor_weight', float('nan')):.3f}"),
         ]
@@ -413,7 +413,7 @@ def train(config, *, progress: bool = True) -> RunSummary:
             times = {"step_s": time.perf_counter() - t_step, "sample_s": t_sample, "update_s": t_update,
                      **scores.times}
             final = _step_scalars(scores, out, episodes, train_metrics, counters, times)
-            final["n_fits"] = int(out.n_fits)
+            final["wmrl/n_fits"] = int(out.n_fits)
             writer.scalars(step + 1, final)
             if config.log.text_samples:
                 writer.text(step + 1, "rollouts", _rollout_text(episodes, scores, group_size, config.log.text_samples))

@@ -1,0 +1,58 @@
+"""Reports: the fidelity summary against hand-counted figures and scipy, TensorBoard events read back."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from wmrl_jax import fidelity, world_model
+from wmrl_jax.train.metrics import SummaryWriter, read_scalars
+
+
+def _pred(status, reward, gated=False, bucket=None):
+    return world_model.Prediction(status=status, bucket=bucket, reward=reward, feedback="", raw_text="", gated=gated)
+
+
+def test_fidelity_summary_counts_by_hand():
+    S = fidelity.Sample
+    samples = [
+        S("test", "a", "sampled", "x", "valid", 0.9, 0.8, _pred("valid", 0.9375, bucket="high")),
+        S("test", "a", "sampled", "x", "valid", 0.6, 0.2, _pred("valid", 0.8125, bucket="mid")),
+        S("test", "a", "logged", "x", "runtime_err", 0.1, None, _pred("valid", 0.6875, bucket="fair")),
+        S("test", "a", "logged", None, "malformed", 0.0, None, _pred("malformed", 0.0, gated=True)),
+        S("test", "a", "sampled", "x", "ran_no_sub", 0.2, None, _pred(None, None)),
+        S("test", "a", "sampled", "x", "unknown", None, None, _pred("valid", 0.5625, bucket="low")),
+    ]
+    figs = fidelity.summarize(samples)
+    assert figs["solutions"] == 6 and figs["real_unknown"] == 1
+    assert figs["status_accuracy"] == pytest.approx(3 / 5)            # valid, valid, malformed right
+    assert figs["status_accuracy_model_only"] == pytest.approx(2 / 4)
+    assert figs["ungraded"] == 1
+    real, wm = [0.9, 0.6, 0.1, 0.0], [0.9375, 0.8125, 0.6875, 0.0]
+    assert figs["spearman"] == pytest.approx(stats.spearmanr(wm, real).statistic)
+    assert figs["mean_bias"] == pytest.approx(np.mean(np.subtract(wm, real)))
+    assert figs["bias_by_real_bucket"]["high"] == {"n": 1, "mean_bias": pytest.approx(0.0375)}
+    assert figs["bias_by_real_bucket"]["low"] == {"n": 1, "mean_bias": pytest.approx(0.2125)}
+    conf = np.array(figs["confusion"]["counts"])
+    assert conf.sum() == 5 and conf[fidelity.REAL_STATUSES.index("runtime_err"), fidelity.PREDICTED.index("valid")] == 1
+    assert conf[fidelity.REAL_STATUSES.index("ran_no_sub"), fidelity.PREDICTED.index("ungraded")] == 1
+    report = {"splits": {"test": figs}, "cost": {"wm_predictions_per_s": 2.0, "real_executions_per_s": 1.0,
+                                                  "speedup": 2.0, "sandbox_cpu_s": 3.0, "real_executions": 4}}
+    text = fidelity.format_report(report)
+    assert "Spearman(wm, real)" in text and "2.0x" in text
+
+
+def test_spearman_is_nan_for_constant_input():
+    assert np.isnan(fidelity.spearman([1, 1, 1], [0, 1, 2]))
+
+
+def test_tensorboard_scalars_and_text_read_back(tmp_path):
+    w = SummaryWriter(tmp_path)
+    w.scalars(1, {"reward/real_mean": 0.5, "wmrl/anchor_weight": 1.0, "skipped": None})
+    w.scalars(2, {"reward/real_mean": float("nan")})
+    w.text(1, "rollouts", "```python\nprint(1)\n```")
+    w.close()
+    got = read_scalars(tmp_path)
+    assert got["reward/real_mean"][0] == (1, 0.5) and np.isnan(got["reward/real_mean"][1][1])
+    assert got["wmrl/anchor_weight"] == [(1, 1.0)] and "skipped" not in got
