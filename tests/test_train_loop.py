@@ -122,3 +122,16 @@ def test_task_cursor_is_a_seeded_sequence_of_epochs():
     b = loop.TaskCursor(5, seed=3, position=7)
     assert b.take(3) == first[7:]
     assert sorted(first[:5]) == list(range(5)) and sorted(first[5:10]) == list(range(5))
+
+
+@pytest.mark.slow
+def test_the_loop_drives_a_qwen3_checkpoint_too(tmp_path):
+    """Nothing in the loop is specific to the micro-world: a (random, tiny) Qwen3 HF folder trains as well."""
+    from tests.helpers_hf import save_tiny_qwen3
+
+    path = save_tiny_qwen3(tmp_path / "qwen3", seed=0)
+    c = small_config(tmp_path / "run", model_path=str(path), model_preset="micro")
+    c.agent.max_new_tokens = 24
+    summary = loop.train(c, progress=False)
+    assert summary.steps == 2 and summary.counters.rollouts == 16
+    assert (tmp_path / "run" / "export" / "model.safetensors").is_file()

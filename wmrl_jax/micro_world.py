@@ -12,7 +12,11 @@ held-out tasks stay unseen):
 
 * agent episodes -- the agent prompt of a train task, answered by one of its
   reference solutions (a one-line plan + the code, without the reference
-  docstring);
+  docstring), written so that every choice is made next to where it is used
+  (`normalise_solution`): a model this small, trained for minutes, learns
+  local dependencies but not yet the copy circuits a long-range one needs
+  (two earlier builds wrote a train task's target name on every held-out
+  task, and imported one model class while fitting another);
 * world-model episodes -- the world-model prompt of a train task and a logged
   solution, answered with that solution's real logged outcome (status, error
   type, quality bucket of its leaderboard position).
@@ -78,15 +82,14 @@ class MicroWorldConfig:
     num_kv_heads: int = 2
     head_dim: int = 64
     rope_theta: float = 10_000.0  # the released 1e7 serves 262k contexts; 1e4 resolves positions within ~1k tokens
-    # Training. Small batches, many steps: conditioning on the prompt (copying target names) appears
-    # only after a few hundred updates; 8 x 157 steps left the model writing one template for every task.
+    # Training. Small batches, many steps: conditioning on the prompt appears only after a few hundred
+    # updates; 8 x 157 steps left the model writing one template for every task.
     seed: int = 0
-    epochs: float = 1.5
+    epochs: float = 1.25
     batch_size: int = 4
     learning_rate: float = 2e-3  # tiny models train well at a high peak rate; cosine decay to 10 %
     warmup_steps: int = 30
-    prompt_loss_weight: float = 1.0  # prompts repeat each target name 3-4 times: free practice in copying
-    rename_fraction: float = 0.5
+    prompt_loss_weight: float = 1.0  # prompt tokens are training text too (the cost of the forward is paid anyway)
 
     def model_config(self, vocab_size: int, eos_id: int, pad_id: int):
         """The Qwen3.5 (hybrid Gated DeltaNet + gated attention) config of the micro-world model."""
@@ -112,16 +115,32 @@ def strip_docstring(code: str) -> str:
     return _DOCSTRING.sub("", code, count=1)
 
 
-def agent_reply(label: str, code: str) -> str:
-    """What the agent is trained to answer: a one-line plan, then the program in a ```python block.
+GENERIC_TARGETS = "TARGETS = [c for c in train.columns if c not in test.columns]"
+_SKLEARN_IMPORT = re.compile(r"^(?:from sklearn[.\w]* import .*|import sklearn.*)\n", re.M)
 
-    The plan is the program's own ``model = ...`` line, so writing that line
-    later is a copy of an earlier one -- the pattern a tiny model learns first.
+
+def normalise_solution(code: str) -> str:
+    """A reference solution in the agent corpus's form; its behaviour is unchanged.
+
+    * no leading docstring (it names the model);
+    * ``TARGETS = ['species']`` becomes the generic
+      ``TARGETS = [c for c in train.columns if c not in test.columns]`` (the
+      same list on every suite task: test.csv is train.csv without the targets);
+    * the scikit-learn imports move to just above the ``model = ...`` line,
+      so the class fitted is chosen right where it is imported.
     """
-    code = strip_docstring(code).strip()
-    line = re.search(r"^model = .*$", code, re.M)
-    plan = line.group(0) if line else f"fit {label}"
-    return f"Plan: {plan}\n```python\n{code}\n```"
+    code = strip_docstring(code).strip() + "\n"
+    code = re.sub(r"^TARGETS = \[.*\]$", GENERIC_TARGETS, code, count=1, flags=re.M)
+    imports = _SKLEARN_IMPORT.findall(code)
+    if imports and re.search(r"^model = ", code, re.M):
+        code = _SKLEARN_IMPORT.sub("", code)
+        code = re.sub(r"^model = ", lambda m: "".join(imports) + m.group(0), code, count=1, flags=re.M)
+    return code
+
+
+def agent_reply(label: str, code: str) -> str:
+    """What the agent is trained to answer: a one-line plan, then the program in a ```python block."""
+    return f"Plan: fit {label} on the numeric features.\n```python\n{normalise_solution(code).strip()}\n```"
 
 
 def world_model_answer(entry: dict) -> str:
@@ -184,48 +203,11 @@ def train_tokenizer(texts: Iterator[str], vocab_size: int):
                                                 pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE)
 
 
-# --------------------------------------------------------------------------- augmentation
-
-# Invented target names are built from these syllables, so they never collide with a held-out task's columns.
-_SYLLABLES = ("ka", "lo", "mi", "zu", "ter", "von", "bri", "sal", "dex", "nor", "pa", "qui", "rel", "sto", "vim", "wex")
-
-
-def invent_name(rng: np.random.Generator) -> str:
-    """A made-up column name such as ``salvon_dex``."""
-    words = ["".join(rng.choice(_SYLLABLES, size=int(rng.integers(2, 4)))) for _ in range(int(rng.integers(1, 3)))]
-    return "_".join(words)
-
-
-def rename_targets(messages: Sequence[dict], reply: str, targets: Sequence[str], rng: np.random.Generator):
-    """The episode with every target column renamed to an invented name, in the prompt and the reply alike.
-
-    A train task's target name is otherwise something to memorise per task;
-    renamed copies make copying it from the prompt the only way to be right,
-    which is what a held-out task needs.
-    """
-    mapping = {t: invent_name(rng) for t in targets}
-    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(targets, key=len, reverse=True))) + r")\b")
-
-    def sub(text: str) -> str:
-        return pattern.sub(lambda m: mapping[m.group(1)], text)
-
-    return [dict(m, content=sub(m["content"])) for m in messages], sub(reply)
-
-
-def training_examples(config: MicroWorldConfig, *, seed: int, rename_fraction: float = 0.5, root=None) -> list:
-    """[(prompt text, reply text, kind)] of both corpora; a `rename_fraction` of them with renamed targets."""
-    from sandbox import suite
-
+def training_examples(config: MicroWorldConfig, root=None) -> list:
+    """[(prompt text, reply text, kind)] of both corpora, agent episodes first (the batch order is seeded)."""
     agent_eps, wm_eps = corpora(config, "train", root)
-    targets = {t["name"]: t["targets"] for t in suite.manifest(root)["tasks"]}
-    rng = np.random.default_rng(seed)
-    examples = []
-    for kind, episodes in (("agent", agent_eps), ("world_model", wm_eps)):
-        for name, messages, reply in episodes:
-            if rng.random() < rename_fraction:
-                messages, reply = rename_targets(messages, reply, targets[name], rng)
-            examples.append((*render(messages, reply), kind))
-    return examples
+    return [(*render(messages, reply), kind)
+            for kind, episodes in (("agent", agent_eps), ("world_model", wm_eps)) for _, messages, reply in episodes]
 
 
 
@@ -320,7 +302,7 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
 
     start = time.perf_counter()
     out_dir = pathlib.Path(out_dir)
-    examples = training_examples(config, seed=config.seed, rename_fraction=config.rename_fraction, root=root)
+    examples = training_examples(config, root=root)
     tokenizer = train_tokenizer((p + r for p, r, _ in examples), config.vocab_size)
     eos_id, pad_id = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")
     model_config = config.model_config(len(tokenizer), eos_id, pad_id)
