@@ -22,13 +22,8 @@ import numpy as np
 # Vocabulary of the tiny tokenizer; tiny models use the same size so that
 # sampled ids always decode.
 TINY_VOCAB = 320
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# ChatML, as Qwen's checkpoints and the shipped micro-world write it.
+from wmrl_jax.micro_world import CHAT_TEMPLATE, SPECIAL_TOKENS  # noqa: E402
 _CORPUS = [
     "def train(model, data): return model.fit(data)",
     "import numpy as np\nimport pandas as pd\nscore = 0.5 + 0.5 * position",

@@ -26,6 +26,7 @@ def small_config(workdir, **overrides):
     c.rollout.groups_per_step, c.rollout.group_size = 2, 4
     c.agent.max_new_tokens = 160     # long enough for some code, short enough to keep the test quick
     c.eval_attempts = 0
+    c.optim.warmup_steps = 1
     c.checkpoint.every = 1
     c.log.text_samples = 1
     c.rewards.min_pairs, c.rewards.refit_every, c.rewards.warmup = 4, 2, 1

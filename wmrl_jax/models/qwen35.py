@@ -127,16 +127,20 @@ _AXES = {
 
 
 def _layers_tree(c: Config, leaf) -> dict:
-    """{"blocks": {j: {name: leaf(name, shape, stacked=True)}}, "tail": {i: {... stacked=False}}}."""
-    return {
-        "blocks": {
-            str(j): {n: leaf(n, s, True) for n, s in _layer_shapes(c, kind).items()} for j, kind in enumerate(c.pattern)
-        },
-        "tail": {
+    """{"blocks": {j: {name: leaf(name, shape, stacked=True)}}, "tail": {i: {... stacked=False}}}.
+
+    "tail" is left out when the pattern divides the depth, as in a checkpoint loaded by `load_hf`
+    (whose tree has only the tensors the checkpoint holds): params, axes and loads agree.
+    """
+    tree = {"blocks": {
+        str(j): {n: leaf(n, s, True) for n, s in _layer_shapes(c, kind).items()} for j, kind in enumerate(c.pattern)
+    }}
+    if c.tail_types:
+        tree["tail"] = {
             str(i): {n: leaf(n, s, False) for n, s in _layer_shapes(c, kind).items()}
             for i, kind in enumerate(c.tail_types)
-        },
-    }
+        }
+    return tree
 
 
 def param_axes(config: Config) -> dict:
@@ -363,7 +367,7 @@ def decode_layout(config: Config, params: Params, cache: Cache | None, *, fuse_m
         for r in range(c.num_repeats)
     )
     params = {**params, "blocks": blocks}
-    if "tail" in params:  # a loaded checkpoint has none when the pattern divides the depth
+    if "tail" in params:  # none when the pattern divides the depth
         params["tail"] = {pos: prepare(layer) for pos, layer in params["tail"].items()}
     params = L.seal_decode_params(params, tied=c.tie_word_embeddings, head=fuse_matmuls)
     if cache is not None:
