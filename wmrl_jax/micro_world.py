@@ -68,7 +68,8 @@ class MicroWorldConfig:
 
     agent: agent.AgentConfig = agent.AgentConfig(
         max_turns=1, max_new_tokens=384, observation_max_tokens=96, overview_chars=900, inventory_chars=300,
-        temperature=1.0, timeout_s=120.0)
+        # 0.6: held-out valid rates 31/50/75/25 % (16 samples a task), against 19/31/38/6 % at 1.0.
+        temperature=0.6, timeout_s=120.0)
     world_model: world_model.WorldModelConfig = world_model.WorldModelConfig(
         overview_chars=600, inventory_chars=200, code_chars=2400, max_new_tokens=48)
     vocab_size: int = 4096       # byte-level BPE trained on the corpus (Qwen3.5's own has 248k)
