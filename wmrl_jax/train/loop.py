@@ -118,24 +118,25 @@ def score_rollouts(episodes, tasks, group_size: int, anchors: np.ndarray, *, use
     is_anchor = np.zeros(n, bool)
     is_anchor[anchors] = True
     t0 = time.perf_counter()
-    futures = {}
+    futures, finished_at = {}, []
     for i, e in enumerate(episodes):
         b, g = divmod(i, group_size)
         if is_anchor[b]:
             futures[(b, g)] = pool.submit(tasks[b], e.solution if e.solution is not None else "")
+            futures[(b, g)].add_done_callback(lambda _: finished_at.append(time.perf_counter()))
     t_wm0 = time.perf_counter()
     preds = []
     if use_wm:
         preds = world_model.predict(lm, [tasks[i // group_size] for i in range(len(episodes))],
                                     [e.solution for e in episodes], config=wm_config, seed=seed)
     t_wm1 = time.perf_counter()
-    real_results, t_real_done = {}, t_wm0
+    real_results = {}
     for key, fut in futures.items():
         try:
             real_results[key] = fut.result()
         except Exception as exc:   # the sandbox itself broke: this rollout is ungraded, the run goes on
             real_results[key] = exc
-        t_real_done = time.perf_counter()
+    t_real_done = max(finished_at, default=t0)   # when the last sandbox finished, not when we looked
     shape = (n, group_size)
     wm_r, wm_g = np.zeros(shape, np.float32), np.zeros(shape, bool)
     real_r, real_g = np.zeros(shape, np.float32), np.zeros(shape, bool)
