@@ -136,3 +136,14 @@ def test_the_loop_drives_a_qwen3_checkpoint_too(tmp_path):
     summary = loop.train(c, progress=False)
     assert summary.steps == 2 and summary.counters.rollouts == 16
     assert (tmp_path / "run" / "export" / "model.safetensors").is_file()
+
+
+def test_rollout_text_picks_rollouts_by_position_even_within_one_group():
+    """More samples than groups: rollouts of one task share task_index, and Episodes hold arrays."""
+    from wmrl_jax.agent import Episode
+
+    eps = [Episode(0, np.arange(5, dtype=np.int32), np.ones(5, bool), np.zeros(5, np.float32), 1, ["r"],
+                   f"print({i})", [], [False]) for i in range(8)]
+    scores = loop.Scores(*(np.zeros((2, 4)) for _ in range(4)), np.zeros(2, bool), {}, [], {})
+    text = loop._rollout_text(eps, scores, 4, 4)
+    assert text.count("**group") == 4 and "group 0 rollout 2" in text and "print(6)" in text

@@ -89,12 +89,6 @@ class TaskCursor:
 
 # --------------------------------------------------------------------------- rewards
 
-def _spearman(x, y) -> float:
-    from wmrl_jax.fidelity import spearman
-
-    return spearman(x, y)
-
-
 @dataclasses.dataclass
 class Scores:
     """One step's rollout scores, [N, G], as `correct_step` takes them."""
@@ -203,6 +197,8 @@ def _correction_state(rewards, debias: bool, denoise: bool):
 
 
 def _step_scalars(scores: Scores, out, episodes, train_metrics: dict, counters: Counters, times: dict) -> dict:
+    from wmrl_jax.fidelity import spearman
+
     anchor_rows = scores.is_anchor[:, None] & np.ones_like(scores.real_graded)
     real = scores.real_rewards[scores.real_graded]
     raw = scores.wm_rewards[scores.wm_graded]
@@ -221,7 +217,7 @@ def _step_scalars(scores: Scores, out, episodes, train_metrics: dict, counters: 
         "wmrl/anchor_weight": float(out.anchor_weight),
         "wmrl/disagreement": float(out.disagreement),
         "wmrl/pairs_in_buffer": float(out.pairs_in_buffer),
-        "wmrl/spearman_wm_real": _spearman(scores.wm_rewards[both], scores.real_rewards[both]),
+        "wmrl/spearman_wm_real": spearman(scores.wm_rewards[both], scores.real_rewards[both]),
         "agent/valid_rate": statuses.count("valid") / len(statuses) if statuses else nan,
         "agent/wm_valid_rate": wm_status.count("valid") / len(wm_status) if wm_status else nan,
         "agent/has_solution": float(np.mean([e.solution is not None for e in episodes])),
@@ -240,8 +236,9 @@ def _step_scalars(scores: Scores, out, episodes, train_metrics: dict, counters: 
 
 def _rollout_text(episodes, scores: Scores, group_size: int, count: int) -> str:
     parts = []
-    for i, e in enumerate(episodes[:: max(1, len(episodes) // max(1, count))][:count]):
-        idx = episodes.index(e)
+    # Evenly spaced rollouts, by position (an Episode holds arrays: `list.index` would compare them).
+    for idx in list(range(0, len(episodes), max(1, len(episodes) // max(1, count))))[:count]:
+        e = episodes[idx]
         b, g = divmod(idx, group_size)
         real = scores.real_results.get((b, g))
         wm = scores.wm_predictions[idx] if scores.wm_predictions else None
