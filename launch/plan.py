@@ -86,9 +86,11 @@ def print_plan(p, hbm_bytes: float) -> None:
     s = p.shapes
     print(f"\n== {p.label}: {p.devices} devices, mesh data {p.mesh['data']} x fsdp {p.mesh['fsdp']} x tensor "
           f"{p.mesh['tensor']}, micro_batches {p.micro_batches}, remat {p.remat}; {p.n_params:,} parameters")
-    print(f"update batch [{s.batch}, {s.train_width}] ({p.train_tokens:,} tokens); agent sampler {s.sample_rows} rows x "
-          f"({s.sample_prompt} prompt + {s.sample_new} new) tokens, the last of {s.turns} turns; world model "
+    print(f"update batch [{s.batch}, {s.train_width}] ({p.train_tokens:,} tokens); agent sampler {s.sample_rows} "
+          f"rows x ({s.sample_prompt} prompt + {s.sample_new} new) tokens, the last of {s.turns} turns; world model "
           f"{s.wm_rows} rows x ({s.wm_prompt} + {s.wm_new}), {s.wm_calls} calls a step")
+    print(f"prompts: the agent's first {s.prompt_tokens} tokens, the world model's {s.wm_prompt_raw} "
+          f"({'given' if _PROMPT.value else f'estimated from the character caps at {_CPT.value} chars/token'})")
     print("per-device memory, GiB (XLA:CPU memory analysis of the partitioned programs):")
     print("  resident all step")
     for name, value in p.resident.items():
@@ -185,6 +187,9 @@ def try_knobs(config, first, hbm: float, kw: dict):
             return trial, tries
     else:
         print(f"  still does not fit after {_MAX_TRIES.value} knobs (--max_tries)")
+    print("  what else would: per-layer remat (optim.remat checkpoints each layer once the model families do), "
+          "fewer tokens a sequence (agent.max_turns, agent.max_new_tokens), more devices, optimizer-state "
+          "offload to host memory (not implemented)")
     return current_plan, tries
 
 

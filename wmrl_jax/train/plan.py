@@ -208,6 +208,7 @@ class Shapes:
     turn_prompts: tuple        # every turn's bucketed prompt width (for FLOPs)
     wm_rows: int
     wm_prompt: int             # bucketed
+    wm_prompt_raw: int         # before bucketing
     wm_new: int
     wm_calls: int              # world-model generate calls a step (between turns and the final scoring)
 
@@ -222,14 +223,14 @@ def shapes_of(config, prompt_tokens: int, wm_prompt_tokens: int, batch_shards: i
     raw = [prompt_tokens + t * (a.max_new_tokens + a.observation_max_tokens + 64) for t in range(a.max_turns)]
     buckets = tuple(_bucket(n, 16) for n in raw)
     rows = _bucket(batch, 1, batch_shards)
-    use_wm = config.rewards.mode != "real"
-    # WM calls: between turns for the non-anchor rows, then once over every rollout to score it.
-    calls = (a.max_turns - 1 + 1) if use_wm else 0
+    # World-model calls a step: between turns (feedback for the non-anchor rows), then once over every
+    # rollout to score it; each call's rows are bucketed by `generate` (48 of 64 rows -> 64).
+    calls = a.max_turns if config.rewards.mode != "real" else 0
     wm_rows = _bucket(batch * w.num_samples, 1, batch_shards)
     return Shapes(batch=batch, train_width=batch_width(config, prompt_tokens), prompt_tokens=prompt_tokens,
                   sample_rows=rows, sample_prompt=buckets[-1], sample_new=a.max_new_tokens, turns=a.max_turns,
                   turn_prompts=buckets, wm_rows=wm_rows, wm_prompt=_bucket(wm_prompt_tokens, 16),
-                  wm_new=w.max_new_tokens, wm_calls=calls)
+                  wm_prompt_raw=wm_prompt_tokens, wm_new=w.max_new_tokens, wm_calls=calls)
 
 
 # --------------------------------------------------------------------------- compiling
@@ -503,14 +504,14 @@ def analytic_flops(config, model_config, n_params: int, shapes: Shapes) -> dict:
 
     s = shapes
     train = 3 * forward(s.train_width, s.batch) + forward(s.train_width, s.batch)   # policy fwd+bwd, reference fwd
-    prefill = sum(forward(p, s.batch) for p in s.turn_prompts)
+    prefill = sum(forward(p, s.sample_rows) for p in s.turn_prompts)
     # A decode step of one token against a context of L: 2N + 4·L·heads·head_dim per full layer.
     decode = 0.0
     for p in s.turn_prompts:
         mean_ctx = p + s.sample_new / 2
-        decode += s.batch * s.sample_new * (2.0 * n + 2 * per_attn * mean_ctx)
-    wm_rows = s.batch * config.world_model.num_samples
-    wm = s.wm_calls * (forward(s.wm_prompt, wm_rows) + wm_rows * s.wm_new * (2.0 * n + 2 * per_attn * s.wm_prompt))
+        decode += s.sample_rows * s.sample_new * (2.0 * n + 2 * per_attn * mean_ctx)
+    wm = s.wm_calls * (forward(s.wm_prompt, s.wm_rows)
+                       + s.wm_rows * s.wm_new * (2.0 * n + 2 * per_attn * (s.wm_prompt + s.wm_new / 2)))
     return {"train": train, "agent prefill": prefill, "agent decode": decode, "world model": wm,
             "6N": 6.0 * n * s.batch * s.train_width, "n_matmul": n}
 
