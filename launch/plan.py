@@ -138,7 +138,7 @@ def print_hours(p, config, a: dict) -> dict:
         print(f"  the paper ({config.model_preset}, A100s, whole run): WMRL {paper['wmrl']} GPU-hours, GRPO with "
               f"every rollout executed {paper['real']}; ours / paper's WMRL = {total / paper['wmrl']:.2f}")
     floor = None
-    if "sample" in p.kv_cache:
+    if "agent" in p.kv_cache:
         from wmrl_jax.train.plan import model_of
 
         _, model_config, _ = model_of(config)
