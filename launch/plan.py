@@ -187,9 +187,9 @@ def try_knobs(config, first, hbm: float, kw: dict):
             return trial, tries
     else:
         print(f"  still does not fit after {_MAX_TRIES.value} knobs (--max_tries)")
-    print("  what else would: per-layer remat (optim.remat checkpoints each layer once the model families do), "
-          "fewer tokens a sequence (agent.max_turns, agent.max_new_tokens), more devices, optimizer-state "
-          "offload to host memory (not implemented)")
+    print("  what else would (no knob of this code): fewer tokens a sequence (agent.max_turns, "
+          "agent.max_new_tokens); more devices; sampling fewer rows at a time; an attention backward that "
+          "recomputes its key blocks (flash-style); optimizer-state offload to host memory")
     return current_plan, tries
 
 
