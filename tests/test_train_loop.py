@@ -147,3 +147,75 @@ def test_rollout_text_picks_rollouts_by_position_even_within_one_group():
     scores = loop.Scores(*(np.zeros((2, 4)) for _ in range(4)), np.zeros(2, bool), {}, [], {})
     text = loop._rollout_text(eps, scores, 4, 4)
     assert text.count("**group") == 4 and "group 0 rollout 2" in text and "print(6)" in text
+
+
+# Run in a fresh interpreter: XLA reads the device count once, at backend start-up.
+_LOOP_ON_DEVICES = """
+import sys
+import jax
+from tests.test_train_loop import small_config
+from wmrl_jax.train import loop
+
+workdir, fsdp, tensor = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+assert jax.device_count() == fsdp * tensor, (jax.device_count(), fsdp, tensor)
+loop.train(small_config(workdir, **{"mesh.data": 1, "mesh.fsdp": fsdp, "mesh.tensor": tensor}), progress=False)
+"""
+
+
+@pytest.mark.slow
+def test_the_loop_on_8_devices_equals_1_device(tmp_path):
+    """2 steps of the tiny loop on an (fsdp 4, tensor 2) mesh of 8 simulated devices and on 1 device.
+
+    Same seed, same rollouts: the policy's first samples come from identical
+    params and the sharded matmuls' rounding (~1e-7 relative) does not flip
+    a sampled token, so the rewards, counts and advantages agree exactly and
+    the updates only differ in float rounding. Params are compared like the
+    update-level test (tests/test_train_update.py): Adam divides by sqrt(v),
+    so a weight whose gradient is ~0 can move by up to lr (5e-5 here) either
+    way on rounding noise; atol 5e-6 is a tenth of one such step per update.
+    """
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    import jax
+
+    from wmrl_jax import micro_world
+    from wmrl_jax.models import load_hf
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    runs = {"8": (4, 2), "1": (1, 1)}
+    procs = {}
+    for name, (fsdp, tensor) in runs.items():
+        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={fsdp * tensor}",
+               "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+        procs[name] = subprocess.Popen([sys.executable, "-c", _LOOP_ON_DEVICES, str(tmp_path / name), str(fsdp),
+                                        str(tensor)], cwd=root, env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True)
+    for name, proc in procs.items():
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"the {name}-device run failed:\n{out[-4000:]}"
+
+    one, eight = (read_scalars(tmp_path / name / "tb") for name in ("1", "8"))
+    assert sorted(one) == sorted(eight)
+    compared = 0
+    for tag in one:
+        if tag.startswith("time/") or tag == "cost/sandbox_cpu_s":   # wall and CPU time: measured, not computed
+            continue
+        a, b = np.array(one[tag]), np.array(eight[tag])
+        assert a[:, 0].tolist() == b[:, 0].tolist() == [1, 2], tag
+        # Reward, cost and correction figures are computed on the host from the same rollouts: equal. The
+        # update's figures (train/*) went through sharded reductions: equal up to float rounding.
+        rtol = 1e-4 if tag.startswith("train/") else 0.0
+        np.testing.assert_allclose(b[:, 1], a[:, 1], rtol=rtol, atol=1e-7 if rtol else 0.0, err_msg=tag)
+        compared += 1
+    assert compared > 20 and "train/loss" in one and "cost/tokens_generated" in one
+
+    p1, p8 = (load_hf(tmp_path / name / "export").params for name in ("1", "8"))
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-5, atol=5e-6), p1, p8)
+    # The check can fail: 2 updates moved the params well beyond that tolerance.
+    base = load_hf(micro_world.shipped_path()).params
+    moved = max(float(np.abs(np.asarray(x) - np.asarray(y)).max()) for x, y in zip(jax.tree.leaves(base),
+                                                                                   jax.tree.leaves(p1)))
+    assert moved > 1e-4, moved
