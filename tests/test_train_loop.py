@@ -158,7 +158,9 @@ from wmrl_jax.train import loop
 
 workdir, fsdp, tensor = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 assert jax.device_count() == fsdp * tensor, (jax.device_count(), fsdp, tensor)
-loop.train(small_config(workdir, **{"mesh.data": 1, "mesh.fsdp": fsdp, "mesh.tensor": tensor}), progress=False)
+config = small_config(workdir, **{"mesh.data": 1, "mesh.fsdp": fsdp, "mesh.tensor": tensor,
+                                 "agent.max_new_tokens": 384})
+print(f"{jax.device_count()} devices: {loop.train(config, progress=False).seconds:.0f} s")
 """
 
 
@@ -166,13 +168,19 @@ loop.train(small_config(workdir, **{"mesh.data": 1, "mesh.fsdp": fsdp, "mesh.ten
 def test_the_loop_on_8_devices_equals_1_device(tmp_path):
     """2 steps of the tiny loop on an (fsdp 4, tensor 2) mesh of 8 simulated devices and on 1 device.
 
-    Same seed, same rollouts: the policy's first samples come from identical
-    params and the sharded matmuls' rounding (~1e-7 relative) does not flip
-    a sampled token, so the rewards, counts and advantages agree exactly and
-    the updates only differ in float rounding. Params are compared like the
-    update-level test (tests/test_train_update.py): Adam divides by sqrt(v),
-    so a weight whose gradient is ~0 can move by up to lr (5e-5 here) either
-    way on rounding noise; atol 5e-6 is a tenth of one such step per update.
+    Replies of up to 384 tokens (tiny_cpu's): shorter ones never finish the
+    micro-world's code, so every reward is 0 and the update has no
+    policy-gradient term; here some solutions run and the advantages differ.
+    Same seed, same rollouts: the policy samples from params equal up to the
+    sharded matmuls' rounding (~1e-7), which flips no sampled token here, so
+    every reward, count and correction figure is equal exactly and the
+    update's figures (train/*) up to rounding (rtol 1e-4).
+
+    Params: Adam moves a weight by ~lr (5e-5) a step whatever its gradient's
+    size, so for a weight whose gradient is ~0 rounding noise can change the
+    step's direction. The bulk must agree to 1e-6 (~1% of the median move, ~8e-5
+    here; measured: 377 of 3.9M weights differ by more, max 8.1e-6), and no
+    weight may differ by more than one lr-sized step.
     """
     import os
     import pathlib
@@ -196,6 +204,7 @@ def test_the_loop_on_8_devices_equals_1_device(tmp_path):
     for name, proc in procs.items():
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, f"the {name}-device run failed:\n{out[-4000:]}"
+        print(out.strip().splitlines()[-1])
 
     one, eight = (read_scalars(tmp_path / name / "tb") for name in ("1", "8"))
     assert sorted(one) == sorted(eight)
@@ -213,9 +222,14 @@ def test_the_loop_on_8_devices_equals_1_device(tmp_path):
     assert compared > 20 and "train/loss" in one and "cost/tokens_generated" in one
 
     p1, p8 = (load_hf(tmp_path / name / "export").params for name in ("1", "8"))
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-5, atol=5e-6), p1, p8)
-    # The check can fail: 2 updates moved the params well beyond that tolerance.
+    diff = np.concatenate([np.abs(np.asarray(x) - np.asarray(y)).ravel() for x, y in zip(jax.tree.leaves(p1),
+                                                                                         jax.tree.leaves(p8))])
+    print(f"|params 8 devices - 1 device|: max {diff.max():.2e}, {np.mean(diff > 1e-6):.4%} of weights > 1e-6")
+    assert diff.max() <= 5e-5 and np.mean(diff > 1e-6) < 1e-3, (diff.max(), np.mean(diff > 1e-6))
+    # The comparison can fail: the rollouts had different rewards (a policy-gradient term, not only KL and
+    # entropy), and the 2 updates (~lr each) moved the typical weight by 10x the bulk tolerance or more.
+    assert np.abs(np.array(one["train/pg_loss"])[:, 1]).max() > 0, one["train/pg_loss"]
     base = load_hf(micro_world.shipped_path()).params
-    moved = max(float(np.abs(np.asarray(x) - np.asarray(y)).max()) for x, y in zip(jax.tree.leaves(base),
-                                                                                   jax.tree.leaves(p1)))
-    assert moved > 1e-4, moved
+    moved = np.concatenate([np.abs(np.asarray(x, np.float32) - np.asarray(y)).ravel()
+                            for x, y in zip(jax.tree.leaves(base), jax.tree.leaves(p1))])
+    assert np.median(moved) > 1e-5, np.median(moved)
