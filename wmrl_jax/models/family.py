@@ -99,7 +99,7 @@ def remat_layer(fn, remat: str | None, *, prevent_cse: bool = True):
     """
     if remat is None:
         return fn
-    if remat not in REMAT_POLICIES:
+    if not (isinstance(remat, str) and remat in REMAT_POLICIES):
         raise ValueError(f"remat: {remat!r}, expected None or one of {sorted(REMAT_POLICIES)}")
     return jax.checkpoint(fn, policy=REMAT_POLICIES[remat], prevent_cse=prevent_cse)
 

@@ -381,7 +381,8 @@ def forward(
 
     layer_ids = jnp.arange(c.num_layers, dtype=jnp.int32)
     (x_btd, k_lbkhs, v_lbksh), _ = jax.lax.scan(
-        remat_layer(cached_layer, remat, prevent_cse=False), (x_btd, cache["k"], cache["v"]), (params["layers"], layer_ids)
+        remat_layer(cached_layer, remat, prevent_cse=False), (x_btd, cache["k"], cache["v"]),
+        (params["layers"], layer_ids)
     )
     return finish(x_btd, k_lbkhs, v_lbksh)
 

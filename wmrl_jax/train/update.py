@@ -32,6 +32,10 @@ Memory. The policy's forward runs with layer remat (`remat=True`, the
 `jax.checkpoint`, so the backward holds one [B, T, D] residual per layer and
 recomputes one layer at a time, at the cost of one more forward. The LM head
 is chunked and checkpointed by `token_logprobs`; micro-batches bound B.
+Measured (XLA's temporaries of the compiled step, CPU): the micro-world
+policy (4 layers, width 256) at B=8, T=512: 1294 MiB without remat, 525 MiB
+"full", 572 MiB "dots"; compiled in 65, 49 and 50 s (one run each, on a loaded
+2-core machine): remat does not make the step slower to compile.
 
 Precision. `init_train_state(param_dtype="float32")` keeps float32 master
 weights while `make_train_step(compute_dtype="bfloat16")` runs the forward and
