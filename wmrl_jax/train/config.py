@@ -14,6 +14,7 @@ MODEL_PRESETS = ("micro", "qwen3.5-4b", "qwen3.5-9b")
 BENCHMARKS = ("embedded", "mle_dojo", "dsbench")
 DTYPES = ("float32", "bfloat16")
 MESH_AXES = ("data", "fsdp", "tensor")
+REMAT_POLICIES = ("dots", "full")   # the keys of models.family.REMAT_POLICIES (no jax import here)
 
 
 def _fail(field: str, value, expected: str):
@@ -189,8 +190,9 @@ def validate(config, *, device_count: int | None = None) -> None:
     for field in ("kl_coef", "entropy_coef", "clip_eps"):
         _number(config, f"optim.{field}", 0.0)
     micro = _int(config, "optim.micro_batches", 1)
-    if not isinstance(_get(config, "optim.remat"), bool):
-        _fail("optim.remat", config.optim.remat, "True or False")
+    remat = _get(config, "optim.remat")
+    if not (isinstance(remat, bool) or remat in REMAT_POLICIES):
+        _fail("optim.remat", remat, f"True (= 'full'), False or one of {REMAT_POLICIES} (layer remat policies)")
     _int(config, "checkpoint.every", 1)
     _int(config, "checkpoint.max_to_keep", 1)
     _int(config, "log.every", 1)
