@@ -43,7 +43,7 @@ _COMPILE_CACHE = flags.DEFINE_bool("compile_cache", True, "JAX's persistent comp
 _ARMS = flags.DEFINE_list("arms", ["real", "wm_only", "naive_mix", "debias_only", "denoise_only", "wmrl"],
                           "Reward arms (config.rewards.mode values).")
 _SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds 0..seeds-1 per arm.")
-_STEPS = flags.DEFINE_integer("steps", 4, "GRPO steps per run (the same budget for every arm).")
+_STEPS = flags.DEFINE_integer("steps", 2, "GRPO steps per run (the same budget for every arm).")
 _ATTEMPTS = flags.DEFINE_integer("attempts", 8, "Held-out attempts per task (avg@k).")
 
 
@@ -52,11 +52,13 @@ def short_run_config():
     from configs import tiny_cpu
 
     c = tiny_cpu.get_config()
-    # One anchor group of 4 a step: 4 (WM, real) pairs. A map from 8 pairs (step 2), refit every 4
-    # (each step after); the inverse-variance constant fixed after 2 observed anchor groups.
-    c.rewards.min_pairs, c.rewards.refit_every = 8, 4
-    c.rewards.warmup, c.rewards.half_life = 2, 4.0
-    c.checkpoint.every = 2
+    # One anchor group of 4 a step: 4 (WM, real) pairs. The loop tests' thresholds: a map from the first
+    # step's 4 pairs on (when they span 2 bins), refit every 4; the inverse-variance constant fixed at the
+    # first anchor group with a spread of real rewards. So both corrections act from step 1.
+    c.rewards.min_pairs, c.rewards.refit_every = 4, 4
+    c.rewards.warmup, c.rewards.half_life = 1, 4.0
+    c.optim.remat = False         # a 4M-parameter model's activations fit; remat would recompute the forward
+    c.checkpoint.every = 1
     c.log.text_samples = 1
     return c
 

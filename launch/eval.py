@@ -7,9 +7,9 @@
 
 `--checkpoint`: an HF checkpoint folder (config.json, *.safetensors, tokenizer),
 or a training workdir (its exported policy `export/`, else its newest good
-checkpoint). `--tasks`: a split of the task root (`test`, `train`; the embedded
-suite unless `--data_dir` names an MLE-Dojo-layout root), or a folder of task
-folders, or one task folder. Each task gets `--attempts` episodes (default 8)
+checkpoint). `--tasks`: a split of the task root (a bare name, `test` or
+`train`; the embedded suite unless `--data_dir` names an MLE-Dojo-layout root),
+or a path with a `/` to a folder of task folders or to one task folder. Each task gets `--attempts` episodes (default 8)
 whose programs all run in the sandbox; the agent's prompts and sampling come
 from `--config` (default: the embedded configs/tiny_cpu.py; a workdir's own
 config.json when it has one). Writes `<out>/eval.json` and `<out>/eval.md`
@@ -33,8 +33,8 @@ import bench_common  # noqa: F401  (importing it quiets absl/JAX INFO logs)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "HF checkpoint folder or training workdir.")
-_TASKS = flags.DEFINE_string("tasks", "test", "A split of the task root (test, train), or a folder of task folders, "
-                             "or one task folder.")
+_TASKS = flags.DEFINE_string("tasks", "test", "A split of the task root (a bare name: test, train), or a path (with a "
+                             "'/') to a folder of task folders or to one task folder.")
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "Task root in the MLE-Dojo layout (default: the config's; "
                                 "'' = the embedded suite).")
 _ATTEMPTS = flags.DEFINE_integer("attempts", 8, "Episodes per task (the paper's avg@8).")
@@ -49,34 +49,24 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/*.py file f
 
 def resolve_tasks(spec: str, data_dir: str, benchmark: str) -> list:
     """The tasks `spec` names: a split of `data_dir` (embedded suite when empty), a folder of tasks, or one task."""
-    import sandbox
-    from sandbox import suite
+    import ml_collections
 
+    import sandbox
+
+    if "/" not in spec:   # a bare name is a split of the task root
+        from wmrl_jax.train.loop import load_tasks   # the training loop's rule: <data_dir>/<split>/, else <data_dir>/
+
+        return load_tasks(ml_collections.ConfigDict(dict(data_dir=data_dir, benchmark=benchmark)), spec)
     path = pathlib.Path(spec)
-    if path.is_dir():
-        if any((path / marker).exists() for marker in ("data", "info")):
-            return [sandbox.load_task(path)]
-        folders = sorted(p for p in path.iterdir() if p.is_dir())
-        if not folders:
-            raise ValueError(f"--tasks={spec}: an empty folder (expected task folders, or one task folder)")
-        return [sandbox.load_task(p) for p in folders]
-    if "/" in spec or spec.startswith("."):
-        raise FileNotFoundError(f"--tasks={spec}: no such folder (expected a split name such as 'test', a folder of "
+    if not path.is_dir():
+        raise FileNotFoundError(f"--tasks={spec}: not a folder (expected a split name such as 'test', a folder of "
                                 f"task folders, or one task folder)")
-    if benchmark == "embedded" and not data_dir:
-        paths = suite.list_tasks(spec, None)
-    else:
-        root = pathlib.Path(data_dir)
-        if not root.is_dir():
-            raise FileNotFoundError(f"--data_dir={data_dir}: not a folder (expected one task folder per competition)")
-        split_dir = root / spec
-        if not split_dir.is_dir():
-            raise FileNotFoundError(f"--tasks={spec}: {split_dir} is not a folder (expected the split's task folders "
-                                    f"under --data_dir)")
-        paths = sorted(p for p in split_dir.iterdir() if p.is_dir())
-    if not paths:
-        raise ValueError(f"--tasks={spec}: no tasks in {data_dir or 'the embedded suite'}")
-    return [sandbox.load_task(p) for p in paths]
+    if any((path / marker).exists() for marker in ("data", "info")):
+        return [sandbox.load_task(path)]
+    folders = sorted(p for p in path.iterdir() if p.is_dir())
+    if not folders:
+        raise ValueError(f"--tasks={spec}: an empty folder (expected task folders, or one task folder)")
+    return [sandbox.load_task(p) for p in folders]
 
 
 def main(argv):
