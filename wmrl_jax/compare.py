@@ -313,6 +313,15 @@ def format_report(data: dict) -> str:
         by_seed = {r["seed"]: r["score"] for r in data["runs"] if r["arm"] == arm}
         text.append(f"| `{arm}` | " + " | ".join(f"{100 * by_seed[s]:.2f}" if s in by_seed else "-"
                                                   for s in spec["seeds"]) + " |")
+    text += ["", "Per run, trainer CPU-s / wall s (a process's first run of a program pays its one-time XLA "
+             "compilation: the update and the sampler in the first run, the world model in the first run that "
+             "asks it; later runs read the persistent compilation cache):", "",
+             "| arm | " + " | ".join(f"seed {s}" for s in spec["seeds"]) + " |", "|---|" + "---|" * len(spec["seeds"])]
+    for arm in data["arms"]:
+        by_seed = {r["seed"]: r for r in data["runs"] if r["arm"] == arm}
+        text.append(f"| `{arm}` | " + " | ".join(
+            f"{by_seed[s]['trainer_cpu_s']:.0f} / {by_seed[s]['wall_s']:.0f}" if s in by_seed else "-"
+            for s in spec["seeds"]) + " |")
     return "\n".join(text) + "\n"
 
 
