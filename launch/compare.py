@@ -45,6 +45,7 @@ _ARMS = flags.DEFINE_list("arms", ["real", "wm_only", "naive_mix", "debias_only"
 _SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds 0..seeds-1 per arm.")
 _STEPS = flags.DEFINE_integer("steps", 2, "GRPO steps per run (the same budget for every arm).")
 _ATTEMPTS = flags.DEFINE_integer("attempts", 8, "Held-out attempts per task (avg@k).")
+_EVAL_TASKS = flags.DEFINE_list("eval_tasks", [], "Held-out tasks to evaluate on (default: the whole eval split).")
 
 
 def short_run_config():
@@ -81,7 +82,8 @@ def main(argv):
         jax.config.update("jax_compilation_cache_dir", os.path.join(_WORK.value, "jax_cache"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     spec = compare.CompareSpec(out=_OUT.value, work=_WORK.value, arms=tuple(_ARMS.value), seeds=tuple(range(_SEEDS.value)),
-                               steps=_STEPS.value, attempts=_ATTEMPTS.value)
+                               steps=_STEPS.value, attempts=_ATTEMPTS.value,
+                               eval_tasks=tuple(_EVAL_TASKS.value))
     start = time.perf_counter()
     report = compare.run_compare(spec, config)
     print(compare.format_report(report))

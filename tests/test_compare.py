@@ -65,6 +65,8 @@ def test_table_and_plots_from_finished_runs(tmp_path):
     cal = data["calibration"]
     assert cal["start"]["wm"] == [0.1, 0.6, 0.1, 0.6] and cal["end"]["calibrated"] == [0.6, 0.5, 0.6, 0.5]
     assert cal["end"]["map_fitted_steps"] == 2 and cal["start"]["map_fitted_steps"] == 0
+    assert cal["start"]["calibrated_prior"] == cal["start"]["wm"]   # before step 1: the identity
+    assert cal["end"]["calibrated_prior"] is None                     # step 2's log has no knots to rebuild it from
     curves = data["corrections"]["wmrl"]
     assert curves["1"]["anchor_weight"] == [(1, 1.0), (2, 1.0), (3, 3.0)]
 
@@ -122,13 +124,19 @@ def test_compare_end_to_end_and_resume(tmp_path, monkeypatch):
     base = small_config(tmp_path / "unused", steps=1)
     base.checkpoint.every = 1
     spec = compare.CompareSpec(out=str(tmp_path / "out"), work=str(tmp_path / "work"), arms=("real", "wmrl"),
-                               seeds=(0,), steps=1, attempts=2)
+                               seeds=(0,), steps=1, attempts=2, eval_tasks=("two_moons_noisy",))
     report = compare.run_compare(spec, base, progress=False)
     assert report["invocation"]["trained"] == 2 and report["invocation"]["evaluated"] == 3
     assert set(report["arms"]) == {"real", "wmrl"}
     assert report["arms"]["real"]["real_executions"] == 8 and report["arms"]["wmrl"]["real_executions"] == 4
-    assert report["arms"]["wmrl"]["wm_predictions"] > 0 and report["arms"]["real"]["wm_predictions"] == 0
-    assert report["arms"]["wmrl"]["trainer_cpu_s"] > 0
+    for arm in ("real", "wmrl"):   # the table's cost columns are the run's own counters
+        counters = json.loads((spec.run_dir(arm, 0) / "summary.json").read_text())["counters"]
+        a = report["arms"][arm]
+        assert (a["wm_predictions"], a["sandbox_cpu_s"], a["trainer_cpu_s"]) == (
+            counters["wm_predictions"], counters["sandbox_cpu_s"], counters["compute_cpu_s"])
+        assert a["trainer_cpu_s"] > 0
+    assert report["arms"]["real"]["wm_predictions"] == 0
+    assert list(report["base"]["per_task"]) == ["two_moons_noisy"]
     table = (tmp_path / "out" / "table.md").read_text()
     assert "| `real` (n=1) |" in table and "| `wmrl` (n=1) |" in table and "| base (untrained) |" in table
     for png in ("score_vs_cost.png", "calibration.png", "corrections.png"):
@@ -151,3 +159,28 @@ def test_compare_end_to_end_and_resume(tmp_path, monkeypatch):
     monkeypatch.setattr(loop, "train", refuse)
     third = compare.run_compare(spec, base, progress=False)
     assert third["invocation"]["trained"] == 0 and third["invocation"]["evaluated"] == 1
+
+
+def test_compare_cli_names_a_bad_arm(tmp_path):
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "launch" / "compare.py"), "--arms=real,wmrl_plus",
+                           f"--out={tmp_path / 'o'}", f"--work={tmp_path / 'w'}"], capture_output=True, text=True,
+                          timeout=300, cwd=root)
+    assert proc.returncode != 0 and "wmrl_plus" in proc.stderr and "expected a non-empty subset" in proc.stderr
+    assert not (tmp_path / "w").exists()   # refused before any work
+
+
+def test_prior_map_is_the_previous_steps_knots():
+    records = {1: {"step": 1, "wm": [0.2], "real": [0.1], "calibrated": [0.2], "map_fitted": False,
+                   "map_x": [], "map_y": []},
+               2: {"step": 2, "wm": [0.1, 0.9], "real": [0.0, 0.5], "calibrated": [0.05, 0.5], "map_fitted": True,
+                   "map_x": [0.1, 0.9], "map_y": [0.05, 0.5]},
+               3: {"step": 3, "wm": [0.5, 1.0, 0.0], "real": [0.3, 0.6, 0.1], "calibrated": [0.3, 0.6, 0.0],
+                   "map_fitted": True, "map_x": [0.0, 1.0], "map_y": [0.0, 0.6]}}
+    windows = compare.calibration_windows([records], 3)
+    assert windows["start"]["calibrated_prior"] == [0.2]
+    # Step 3's pairs through step 2's map: np.interp semantics, flat beyond the end knots.
+    assert windows["end"]["calibrated_prior"] == pytest.approx([0.05 + 0.45 * 0.5, 0.5, 0.05])

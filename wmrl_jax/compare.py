@@ -68,6 +68,7 @@ class CompareSpec:
     seeds: tuple = (0, 1, 2)
     steps: int = 5
     attempts: int = 8
+    eval_tasks: tuple = ()   # names of held-out tasks to evaluate on; () = the whole eval split
 
     def __post_init__(self):
         unknown = [a for a in self.arms if a not in MODES]
@@ -120,16 +121,18 @@ def _check_spec(spec: CompareSpec, base) -> None:
     work = spec.work_dir
     work.mkdir(parents=True, exist_ok=True)
     path = work / "spec.json"
-    want = {"steps": spec.steps, "attempts": spec.attempts, "config": _shared_config_json(base)}
+    want = {"steps": spec.steps, "attempts": spec.attempts, "eval_tasks": list(spec.eval_tasks),
+            "config": _shared_config_json(base)}
     if path.is_file():
         have = json.loads(path.read_text())
-        for key in ("steps", "attempts", "config"):
+        have.setdefault("eval_tasks", [])
+        for key in ("steps", "attempts", "eval_tasks", "config"):
             if have.get(key) != want[key]:
                 diff = key if key != "config" else "config: " + ", ".join(sorted(
                     _diff_keys(have.get("config", {}), want["config"]))[:8])
                 raise ValueError(
                     f"{path}: this output folder holds a comparison with different settings ({diff}); "
-                    f"expected the same --steps, --attempts and config overrides to resume it, or a new --work folder")
+                    f"expected the same --steps, --attempts, eval tasks and config overrides to resume it, or a new --work folder")
     path.write_text(json.dumps({**want, "arms": list(spec.arms), "seeds": list(spec.seeds)}, indent=1) + "\n")
 
 
@@ -177,6 +180,12 @@ def run_compare(spec: CompareSpec, base, *, progress: bool = True, log=print) ->
     out.mkdir(parents=True, exist_ok=True)
     probe = run_config(base, spec, spec.arms[0], spec.seeds[0])
     eval_tasks = loop.load_tasks(probe, probe.eval_split)
+    if spec.eval_tasks:
+        unknown = sorted(set(spec.eval_tasks) - {t.name for t in eval_tasks})
+        if unknown:
+            raise ValueError(f"eval_tasks: {unknown} not in the {probe.eval_split!r} split; expected some of "
+                             f"{[t.name for t in eval_tasks]}")
+        eval_tasks = [t for t in eval_tasks if t.name in spec.eval_tasks]
     acfg = agent_config(probe)
     lm = pool = None
     trained = evaluated = 0
@@ -220,7 +229,11 @@ def run_compare(spec: CompareSpec, base, *, progress: bool = True, log=print) ->
         if pool is not None:
             pool.close(wait=False, cancel_pending=True)
     report = write_report_files(spec)
-    report["invocation"] = {"trained": trained, "evaluated": evaluated, "wall_s": time.perf_counter() - start}
+    report["invocation"] = {"trained": trained, "evaluated": evaluated, "wall_s": time.perf_counter() - start,
+                            "finished_at": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    previous = _read_json(out / "compare.json") or {}
+    # Every invocation's record, oldest first: a report-only rerun keeps the wall time of the one that trained.
+    report["invocations"] = [*previous.get("invocations", []), report["invocation"]]
     (out / "compare.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     return report
 
@@ -327,6 +340,7 @@ def format_report(data: dict) -> str:
 
 # --------------------------------------------------------------------------- plots
 
+ARM_STYLES = {"debias_only": "--", "denoise_only": ":", "wmrl": "-"}
 ARM_COLORS = {"real": "black", "wm_only": "tab:red", "naive_mix": "tab:orange", "debias_only": "tab:blue",
               "denoise_only": "tab:purple", "wmrl": "tab:green"}
 
@@ -387,58 +401,88 @@ def reliability(wm: np.ndarray, real: np.ndarray, bins: int = 10) -> tuple[np.nd
     return np.asarray(xs), np.asarray(ys), np.asarray(ns)
 
 
+def _prior_map(records: dict[int, dict], step: int):
+    """The map in force when `step` began: the newest earlier record's map (identity before any); None when
+    that record predates knot logging (the map cannot be rebuilt)."""
+    earlier = [s for s in records if s < step]
+    if not earlier:
+        return lambda x: np.asarray(x, np.float64)
+    r = records[max(earlier)]
+    if not r.get("map_fitted"):
+        return lambda x: np.asarray(x, np.float64)
+    if "map_x" not in r:
+        return None
+    return lambda x: np.interp(np.asarray(x, np.float64), r["map_x"], r["map_y"])
+
+
 def calibration_windows(records_by_run: Sequence[dict[int, dict]], steps: int) -> dict:
     """The first and last third of the steps (at least one step each), pairs pooled over the runs given.
 
-    Each pair carries the WM reward through the map in force right after its step's pushes (the
-    calibrated reward the debiaser compared with the real one), so "calibrated" is the map of that time.
+    Per pair: the raw WM reward, the real reward, `calibrated` -- through the map in force right after its
+    step's pushes (what the debiaser compared with the real reward; in sample: the map was fitted on these
+    pairs too) -- and `calibrated_prior` -- through the map in force before the step (out of sample: what
+    the non-anchor rollouts of that step got). `calibrated_prior` is None for a window where a run's log
+    predates the map's knots.
     """
     width = max(1, steps // 3)
     windows = {"start": range(1, width + 1), "end": range(steps - width + 1, steps + 1)}
     out = {}
     for name, window in windows.items():
-        wm, real, cal, fitted = [], [], [], []
+        wm, real, cal, prior, fitted = [], [], [], [], []
         for records in records_by_run:
             for s in window:
                 r = records.get(s)
-                if r is not None:
-                    wm += r["wm"]
-                    real += r["real"]
-                    cal += r["calibrated"]
-                    fitted.append(r["map_fitted"])
+                if r is None:
+                    continue
+                wm += r["wm"]
+                real += r["real"]
+                cal += r["calibrated"]
+                fitted.append(r["map_fitted"])
+                f = _prior_map(records, s)
+                if prior is not None and f is not None:
+                    prior += np.asarray(f(r["wm"])).round(6).tolist()
+                else:
+                    prior = None
         out[name] = {"steps": [window.start, window.stop - 1], "wm": wm, "real": real, "calibrated": cal,
-                     "map_fitted_steps": int(sum(fitted)), "step_records": len(fitted)}
+                     "calibrated_prior": prior, "map_fitted_steps": int(sum(fitted)), "step_records": len(fitted)}
     return out
 
 
 def plot_calibration(windows: dict, path, *, title: str) -> None:
-    """Reliability diagram: mean real reward per WM-reward bin, raw and calibrated, at the start and the end."""
+    """Reliability diagram: mean real reward per WM-reward bin -- raw, through the map before the step (out of
+    sample, when logged) and through the map after it (in sample) -- at the start and the end."""
     plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.4), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.6), sharey=True)
     for ax, (name, w) in zip(axes, windows.items()):
         ax.plot([0, 1], [0, 1], color="gray", ls=":", lw=1, label="perfect calibration")
-        wm, real, cal = (np.asarray(w[k], np.float64) for k in ("wm", "real", "calibrated"))
+        wm, real = np.asarray(w["wm"], np.float64), np.asarray(w["real"], np.float64)
         if wm.size:
             ax.scatter(wm, real, color="tab:red", alpha=0.15, s=12)
-            for x, label, color, marker in ((wm, "raw WM", "tab:red", "o"), (cal, "calibrated WM", "tab:green", "s")):
+            series = [(wm, "raw WM", "raw", "tab:red", "o")]
+            if w.get("calibrated_prior") is not None:
+                series.append((np.asarray(w["calibrated_prior"], np.float64), "calibrated, map before the step "
+                               "(out of sample)", "out of sample", "tab:blue", "^"))
+            series.append((np.asarray(w["calibrated"], np.float64), "calibrated, map after the step "
+                           "(in sample)", "in sample", "tab:green", "s"))
+            lines = [f"{wm.size} pairs; RMSE vs real:"]
+            for x, label, short, color, marker in series:
                 bx, by, bn = reliability(x, real)
-                ax.plot(bx, by, color=color, marker=marker, label=f"{label} (bins: mean real)")
+                ax.plot(bx, by, color=color, marker=marker, label=label)
                 for xx, yy, nn in zip(bx, by, bn):
                     ax.annotate(str(nn), (xx, yy), fontsize=7, xytext=(3, 3), textcoords="offset points", color=color)
-            rmse_raw = float(np.sqrt(np.mean((wm - real) ** 2)))
-            rmse_cal = float(np.sqrt(np.mean((cal - real) ** 2)))
-            ax.text(0.02, 0.97, f"{wm.size} pairs; RMSE raw {rmse_raw:.3f}, calibrated {rmse_cal:.3f}\n"
-                    f"map fitted in {w['map_fitted_steps']}/{w['step_records']} step records",
-                    transform=ax.transAxes, va="top", fontsize=8)
+                lines.append(f"  {short} {float(np.sqrt(np.mean((x - real) ** 2))):.3f}")
+            lines.append(f"map fitted after {w['map_fitted_steps']}/{w['step_records']} step records")
+            ax.text(0.02, 0.97, "\n".join(lines), transform=ax.transAxes, va="top", fontsize=7)
         else:
             ax.text(0.5, 0.5, "no anchor pairs in this window", ha="center", transform=ax.transAxes)
-        ax.set_title(f"{name}: steps {w['steps'][0]}-{w['steps'][1]}")
+        ax.set_title(f"{name}: step{'s' if w['steps'][0] != w['steps'][1] else ''} "
+                     f"{w['steps'][0]}{'-' + str(w['steps'][1]) if w['steps'][0] != w['steps'][1] else ''}")
         ax.set_xlabel("world-model reward (raw or calibrated)")
         ax.set_xlim(-0.02, 1.02)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("real reward (sandbox)")
-    axes[1].legend(fontsize=8, loc="lower right")
+    axes[1].legend(fontsize=7, loc="lower right")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -471,16 +515,21 @@ def plot_corrections(curves: dict, path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.0))
     for ax, key, label in ((axes[0], "anchor_weight", "inverse-variance anchor weight w"),
                            (axes[1], "bias_reduction", "bias reduction of the last refit")):
-        for arm, seeds in curves.items():
+        # Drawn last arm first, each thinner than the one below it: arms that coincide (debias_only and wmrl
+        # make the same refits when their anchor pairs agree) stay visible.
+        for i, (arm, seeds) in enumerate(reversed(list(curves.items()))):
             color = ARM_COLORS.get(arm)
             series = [dict(v[key]) for v in seeds.values()]
             steps = sorted(set().union(*series)) if series else []
+            style = ARM_STYLES.get(arm, "-")
             for s in series:
-                ax.plot(list(s), list(s.values()), color=color, alpha=0.3, lw=1)
+                ax.plot(list(s), list(s.values()), color=color, alpha=0.3, lw=1, ls=style)
             if steps:
                 mean = [np.nanmean([s.get(t, np.nan) for s in series]) for t in steps]
-                ax.plot(steps, mean, color=color, lw=2, marker="o", ms=3, label=f"{arm} (mean of {len(series)})")
+                ax.plot(steps, mean, color=color, lw=4 - 1.2 * i, ls=style, marker="o", ms=6 - 1.5 * i,
+                        label=f"{arm} (mean of {len(series)}; thin: seeds)")
         ax.set_xlabel("step")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

@@ -236,15 +236,19 @@ def _step_scalars(scores: Scores, out, episodes, train_metrics: dict, counters: 
 
 
 def _log_pairs(path: pathlib.Path, step: int, scores: Scores, corr) -> None:
-    """Appends the step's anchor (WM, real) reward pairs, and the WM rewards through the map in force after
-    the step's pushes, as one JSON line (for reliability diagrams; a resumed run may repeat a step: last wins)."""
+    """Appends the step's anchor (WM, real) reward pairs, the WM rewards through the map in force after the
+    step's pushes, and that map's knots, as one JSON line (for reliability diagrams; a resumed run may repeat
+    a step: last wins)."""
     from wmrl_jax import corrections
 
     both = scores.real_graded & scores.wm_graded & scores.is_anchor[:, None]
     wm, real = scores.wm_rewards[both], scores.real_rewards[both]
     calibrated = np.asarray(corrections.apply_calibration(corr.fitted, wm)) if wm.size else wm
+    n = int(corr.fitted.n_knots)
     record = {"step": step, "wm": wm.round(6).tolist(), "real": real.round(6).tolist(),
-              "calibrated": np.asarray(calibrated, np.float64).round(6).tolist(), "map_fitted": bool(corr.fitted.valid)}
+              "calibrated": np.asarray(calibrated, np.float64).round(6).tolist(), "map_fitted": bool(corr.fitted.valid),
+              "map_x": np.asarray(corr.fitted.knots_x[:n], np.float64).round(6).tolist(),
+              "map_y": np.asarray(corr.fitted.knots_y[:n], np.float64).round(6).tolist()}
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
 
