@@ -81,7 +81,8 @@ def main(argv):
 
         jax.config.update("jax_compilation_cache_dir", os.path.join(_WORK.value, "jax_cache"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-    spec = compare.CompareSpec(out=_OUT.value, work=_WORK.value, arms=tuple(_ARMS.value), seeds=tuple(range(_SEEDS.value)),
+    spec = compare.CompareSpec(out=_OUT.value, work=_WORK.value, arms=tuple(_ARMS.value),
+                               seeds=tuple(range(_SEEDS.value)),
                                steps=_STEPS.value, attempts=_ATTEMPTS.value,
                                eval_tasks=tuple(_EVAL_TASKS.value))
     start = time.perf_counter()

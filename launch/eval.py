@@ -98,15 +98,17 @@ def main(argv):
     policy = load_policy(checkpoint, dtype=config.dtype, prefer=_SOURCE.value)
     print(f"{policy}: avg@{_ATTEMPTS.value} on {len(tasks)} tasks ({', '.join(t.name for t in tasks)})")
     seed = _SEED.value if _SEED.value is not None else seed_for(config.get("seed", 0), 1 << 20)
-    pool = sandbox.SandboxPool(workers=config.sandbox.workers, timeout_s=config.sandbox.timeout_s,
-                               memory_mb=config.sandbox.memory_mb, cpus=config.sandbox.cpus)
+    pool = sandbox.make_pool(config.sandbox.get("backend", "local"), ray_address=config.sandbox.get("ray_address", ""),
+                             workers=config.sandbox.workers, timeout_s=config.sandbox.timeout_s,
+                             memory_mb=config.sandbox.memory_mb, cpus=config.sandbox.cpus)
     try:
         result = evaluate(policy.lm, tasks, pool, config=agent_config(config), attempts=_ATTEMPTS.value, seed=seed,
                           params=policy.params, progress=True, batch_tasks=_BATCH_TASKS.value)
     finally:
         pool.close(wait=False, cancel_pending=True)
     is_workdir = not ((checkpoint / "config.json").is_file() and any(checkpoint.glob("*.safetensors")))
-    out = pathlib.Path(_OUT.value) if _OUT.value else (checkpoint / "eval" if is_workdir else pathlib.Path("outputs/eval"))
+    default_out = checkpoint / "eval" if is_workdir else pathlib.Path("outputs/eval")
+    out = pathlib.Path(_OUT.value) if _OUT.value else default_out
     json_path, md_path = write_report(result, out, title=f"{policy.source}: held-out avg@{_ATTEMPTS.value}",
                                       extra={"policy": policy.source, "tasks": _TASKS.value, "eval_seed": seed})
     print(md_path.read_text())

@@ -75,7 +75,8 @@ def test_reliability_bins_by_hand():
     x = np.array([0.05, 0.08, 0.55, 0.95, 1.2, -0.1])
     y = np.array([0.0, 0.2, 0.5, 1.0, 0.8, 0.1])
     bx, by, bn = compare.reliability(x, y)
-    # Bins (equal width over [0, 1], below 0 -> bin 0, >= 0.9 -> bin 9): {0: 0.05, 0.08, -0.1}, {5: 0.55}, {9: 0.95, 1.2}.
+    # Bins (equal width over [0, 1], below 0 -> bin 0, >= 0.9 -> bin 9):
+    # {0: 0.05, 0.08, -0.1}, {5: 0.55}, {9: 0.95, 1.2}.
     np.testing.assert_allclose(bx, [np.mean([0.05, 0.08, -0.1]), 0.55, np.mean([0.95, 1.2])])
     np.testing.assert_allclose(by, [0.1, 0.5, 0.9])
     assert bn.tolist() == [3, 1, 2]

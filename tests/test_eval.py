@@ -33,7 +33,8 @@ def test_report_of_a_hand_made_result(tmp_path):
     """to_markdown / write_report on numbers whose avg@k is known: the JSON keeps them, the Markdown shows them."""
     r = ev.EvalResult(score=0.3, per_task={"a": 0.5, "b": 0.1}, valid_rate={"a": 0.5, "b": 0.5},
                       per_category={"tabular": 0.3}, attempts=2, results={}, executions=4, sandbox_cpu_s=3.5,
-                      seconds=10.0, tokens_generated=321, compute_cpu_s=7.25, categories={"a": "tabular", "b": "tabular"},
+                      seconds=10.0, tokens_generated=321, compute_cpu_s=7.25,
+                      categories={"a": "tabular", "b": "tabular"},
                       attempt_best={"a": [1.0, None], "b": [None, 0.2]},
                       attempt_status={"a": [["valid"], ["runtime_err"]], "b": [["syntax_err"], ["valid"]]})
     assert "avg@2=0.3000" in repr(r) and "valid_rate=0.50" in repr(r)

@@ -132,7 +132,8 @@ def _check_spec(spec: CompareSpec, base) -> None:
                     _diff_keys(have.get("config", {}), want["config"]))[:8])
                 raise ValueError(
                     f"{path}: this output folder holds a comparison with different settings ({diff}); "
-                    f"expected the same --steps, --attempts, eval tasks and config overrides to resume it, or a new --work folder")
+                    f"expected the same --steps, --attempts, eval tasks and config overrides to resume it, "
+                    f"or a new --work folder")
     path.write_text(json.dumps({**want, "arms": list(spec.arms), "seeds": list(spec.seeds)}, indent=1) + "\n")
 
 
@@ -194,8 +195,10 @@ def run_compare(spec: CompareSpec, base, *, progress: bool = True, log=print) ->
         nonlocal lm, pool
         if lm is None:
             lm = chat.load_chat_model(probe.model_path or micro_world.shipped_path(), dtype=probe.dtype)
-            pool = sandbox.SandboxPool(workers=probe.sandbox.workers, timeout_s=probe.sandbox.timeout_s,
-                                       memory_mb=probe.sandbox.memory_mb, cpus=probe.sandbox.cpus)
+            s = probe.sandbox
+            pool = sandbox.make_pool(s.get("backend", "local"), ray_address=s.get("ray_address", ""),
+                                     workers=probe.sandbox.workers, timeout_s=probe.sandbox.timeout_s,
+                                     memory_mb=probe.sandbox.memory_mb, cpus=probe.sandbox.cpus)
 
     try:
         if not eval_finished(work / "base", spec.attempts):

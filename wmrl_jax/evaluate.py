@@ -160,7 +160,8 @@ def to_markdown(result: EvalResult | dict, title: str = "Held-out evaluation") -
              f"{len(d['per_task'])} tasks). Mean valid rate {100 * d['mean_valid_rate']:.1f} %.", "",
              "| category | avg@%d |" % k, "|---|---|"]
     lines += [f"| {c} | {100 * v:.2f} |" for c, v in d["per_category"].items()]
-    lines += ["", f"| task | category | valid | mean best position (valid attempts) | avg@{k} |", "|---|---|---|---|---|"]
+    lines += ["", f"| task | category | valid | mean best position (valid attempts) | avg@{k} |",
+              "|---|---|---|---|---|"]
     for name, value in d["per_task"].items():
         best = [b for b in d.get("attempt_best", {}).get(name, []) if b is not None]
         mean_best = f"{100 * float(np.mean(best)):.1f}" if best else "-"
