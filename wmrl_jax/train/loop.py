@@ -209,6 +209,7 @@ class Counters:
     ungraded_real: int = 0
     ungraded_wm: int = 0
     rollouts: int = 0
+    compute_cpu_s: float = 0.0   # this process's CPU time in steps: the "accelerator" on CPU (sandboxes excluded)
 
 
 def _correction_state(rewards, debias: bool, denoise: bool):
@@ -258,6 +259,29 @@ def _step_scalars(scores: Scores, out, episodes, train_metrics: dict, counters: 
     return scalars
 
 
+def _log_pairs(path: pathlib.Path, step: int, scores: Scores, corr) -> None:
+    """Appends the step's anchor (WM, real) reward pairs, the WM rewards through the map in force after the
+    step's pushes, and that map's knots, as one JSON line (for reliability diagrams; a resumed run may repeat
+    a step: last wins)."""
+    import jax
+
+    from wmrl_jax import corrections
+
+    # The map as host arrays first: in a multi-process run the state is global (replicated) arrays, and
+    # an op on them in process 0 alone would wait for the others.
+    fitted = corrections.MonotoneMap(*(np.asarray(jax.device_get(x)) for x in corr.fitted))
+    both = scores.real_graded & scores.wm_graded & scores.is_anchor[:, None]
+    wm, real = scores.wm_rewards[both], scores.real_rewards[both]
+    calibrated = np.asarray(corrections.apply_calibration(fitted, wm)) if wm.size else wm
+    n = int(fitted.n_knots)
+    record = {"step": step, "wm": wm.round(6).tolist(), "real": real.round(6).tolist(),
+              "calibrated": np.asarray(calibrated, np.float64).round(6).tolist(), "map_fitted": bool(fitted.valid),
+              "map_x": fitted.knots_x[:n].astype(np.float64).round(6).tolist(),
+              "map_y": fitted.knots_y[:n].astype(np.float64).round(6).tolist()}
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
 def _rollout_text(episodes, scores: Scores, group_size: int, count: int) -> str:
     parts = []
     # Evenly spaced rollouts, by position (an Episode holds arrays: `list.index` would compare them).
@@ -296,6 +320,7 @@ class RunSummary:
             ("real executions", f"{c.real_executions} (mode=real would run {real_equiv})"),
             ("sandbox CPU-seconds", f"{c.sandbox_cpu_s:.0f} (mode=real: ~{per_run * real_equiv:.0f} at "
                                     f"{per_run:.1f} s a run)"),
+            ("trainer CPU-seconds", f"{c.compute_cpu_s:.0f} (sampling, world model, update)"),
             ("world-model predictions", c.wm_predictions), ("tokens generated", c.tokens_generated),
             ("ungraded rollouts (real / world model)", f"{c.ungraded_real} / {c.ungraded_wm}"),
             ("calibrated / refits", f"{self.final.get('wmrl/calibrated')} / {self.final.get('wmrl/n_fits')}"),
@@ -386,7 +411,7 @@ def train(config, *, progress: bool = True) -> RunSummary:
         bar = tqdm(range(first_step, config.steps), initial=first_step, total=config.steps, desc=config.rewards.mode,
                    disable=not (progress and primary))
         for step in bar:
-            t_step = time.perf_counter()
+            t_step, cpu_step = time.perf_counter(), time.process_time()
             tasks = [train_tasks[i] for i in cursor.take(groups)]
             anchors = {"all": np.arange(groups), "none": np.zeros(0, int)}.get(anchors_mode)
             if anchors is None:
@@ -434,6 +459,7 @@ def train(config, *, progress: bool = True) -> RunSummary:
             counters.sandbox_cpu_s += pool.stats()["cpu_s"] - cpu_before
             counters.wm_predictions += sum(not p.gated for p in scores.wm_predictions)
             counters.tokens_generated += int(sum(e.loss_mask.sum() for e in episodes))
+            counters.compute_cpu_s += time.process_time() - cpu_step
             counters.ungraded_real += int(scores.is_anchor.sum() * group_size - scores.real_graded.sum())
             if use_wm:
                 counters.ungraded_wm += len(episodes) - int(scores.wm_graded.sum())
@@ -443,6 +469,8 @@ def train(config, *, progress: bool = True) -> RunSummary:
             final["wmrl/n_fits"] = int(out.n_fits)
             if writer is not None:
                 writer.scalars(step + 1, final)
+            if primary and use_wm and scores.is_anchor.any():
+                _log_pairs(workdir / "pairs.jsonl", step + 1, scores, corr)
             if writer is not None and config.log.text_samples:
                 writer.text(step + 1, "rollouts", _rollout_text(episodes, scores, group_size, config.log.text_samples))
             bar.set_postfix(real=f"{final['reward/real_mean']:.2f}", wm=f"{final['reward/wm_calibrated_mean']:.2f}",
