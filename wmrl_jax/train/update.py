@@ -269,6 +269,12 @@ class TrainStep:
                 out = train_state_shardings(self.mesh, self._param_axes, self._optimizer, state.params)
                 self._jitted = jax.jit(self._fn, donate_argnums=0,
                                        out_shardings=(out, NamedSharding(self.mesh, PartitionSpec())))
+        if all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(batch)):
+            # Shapes only (AOT planning, launch/plan.py): give them the batch's shardings, place nothing.
+            if self.mesh is None:
+                return batch
+            return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), batch,
+                                self._batch_shardings(batch))
         if self.mesh is None:
             return jax.device_put(batch)
         return jax.device_put(batch, self._batch_shardings(batch))
@@ -279,6 +285,15 @@ class TrainStep:
             return self._jitted(state, ref_params, batch)
         with jax.set_mesh(self.mesh):  # activation constraints inside the model read the mesh from here
             return self._jitted(state, ref_params, batch)
+
+    def trace(self, state: TrainState, ref_params: dict, batch: Batch):
+        """The jitted step traced (`jax.stages.Traced`: `.jaxpr`, `.lower()`); arguments may be
+        `jax.ShapeDtypeStruct`s with shardings (the state's as `train_state_shardings` gives them)."""
+        batch = self._prepare(state, batch)
+        if self.mesh is None:
+            return self._jitted.trace(state, ref_params, batch)
+        with jax.set_mesh(self.mesh):
+            return self._jitted.trace(state, ref_params, batch)
 
     def lower(self, state: TrainState, ref_params: dict, batch: Batch):
         batch = self._prepare(state, batch)

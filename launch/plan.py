@@ -1,0 +1,229 @@
+"""Will a run fit, and what will it cost? Compiles the run's real programs for a simulated mesh, allocates nothing.
+
+    python launch/plan.py --config=configs/mle_dojo_9b.py --devices=8              # 80 GiB HBM, MFU 0.4
+    python launch/plan.py --config=configs/mle_dojo_4b.py --devices=8 --hbm_gb=40 --mfu=0.35
+    python launch/plan.py --config=configs/tiny_cpu.py --devices=2 --json=/tmp/plan.json
+
+Lowers and compiles (AOT, abstract inputs with the loop's shardings) the
+jitted GRPO update, the agent's sampler (longest turn) and the world model's
+sampler for the config's model shapes, batch and mesh over `--devices`
+simulated CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count is
+set here when it is not set), then prints per-device memory from XLA's memory
+analysis by phase, FLOPs per step, whether it fits `--hbm_gb` ×
+`--mem_fraction`, and, when it does not, re-plans with each knob that could
+help (micro-batches, remat, mesh shape) until one fits. Last, the
+accelerator-hours of `config.steps` steps at `--mfu` next to the paper's.
+The library is `wmrl_jax.train.plan`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _devices_from_argv(argv) -> int:
+    for i, arg in enumerate(argv):
+        if arg.startswith("--devices="):
+            return int(arg.split("=", 1)[1])
+        if arg == "--devices" and i + 1 < len(argv):
+            return int(argv[i + 1])
+    return 8
+
+
+# XLA reads its flags once, when JAX starts: set them before anything imports jax. The simulated device
+# count; and, since these programs are compiled and never run, no LLVM optimisation of the machine code:
+# the HLO passes and buffer assignment (what the memory analysis reports) are the same, compiling is ~2x
+# faster (tiny config's update: 59 s -> 28 s under load, identical CompiledMemoryStats).
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _flags:
+    _flags += f" --xla_force_host_platform_device_count={_devices_from_argv(sys.argv)}"
+for _flag in ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true"):
+    if _flag.split("=")[0] not in _flags:
+        _flags += " " + _flag
+os.environ["XLA_FLAGS"] = _flags.strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")   # the programs are compiled for CPU devices standing in for GPUs
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+import bench_common  # noqa: E402,F401  (importing it quiets absl/JAX INFO logs)
+
+# Runnable as `python launch/plan.py` from a checkout without installing.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/*.py file (with --config.x=y overrides).")
+_DEVICES = flags.DEFINE_integer("devices", 8, "Accelerators the run gets (simulated as CPU devices).")
+_HBM = flags.DEFINE_float("hbm_gb", 80.0, "HBM per accelerator in GiB (an '80 GB' A100 has 80 GiB).")
+_FRACTION = flags.DEFINE_float("mem_fraction", 0.75, "Share of HBM JAX may use: its GPU default 0.75, or what "
+                                                     "XLA_PYTHON_CLIENT_MEM_FRACTION will be set to.")
+_MFU = flags.DEFINE_float("mfu", 0.4, "Model-FLOPs utilisation assumed for the hours estimate.")
+_PEAK = flags.DEFINE_float("peak_tflops", 312.0, "Dense bf16 peak per accelerator (A100: 312, H100 SXM: 989).")
+_HBM_BW = flags.DEFINE_float("hbm_tbps", 2.04, "HBM bandwidth, TB/s (A100-80GB: 2.04), for the decode floor.")
+_LINK = flags.DEFINE_float("link_gbps", 300.0, "Per-device all-gather bandwidth, GB/s (A100 NVLink: 300 each way).")
+_PROMPT = flags.DEFINE_integer("prompt_tokens", None, "The agent's first prompt in tokens (default: estimated "
+                                                     "from the config's character caps).")
+_WM_PROMPT = flags.DEFINE_integer("wm_prompt_tokens", None, "The world model's prompt in tokens (default: "
+                                                            "estimated likewise).")
+_CPT = flags.DEFINE_float("chars_per_token", 3.0, "Characters a token for the prompt estimates.")
+_PROGRAMS = flags.DEFINE_list("programs", ["train", "sample", "wm"], "Programs to compile: train, sample, wm.")
+_KNOBS = flags.DEFINE_boolean("try_knobs", True, "When it does not fit, re-plan with each knob until one fits.")
+_MAX_TRIES = flags.DEFINE_integer("max_tries", 3, "Knobs to try at most (each compiles again).")
+_JSON = flags.DEFINE_string("json", None, "Also write every figure to this JSON file.")
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2**30:8.2f}"
+
+
+def _flops(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3e}"
+
+
+def print_plan(p, hbm_bytes: float) -> None:
+    from wmrl_jax.train.plan import GIB
+
+    s = p.shapes
+    print(f"\n== {p.label}: {p.devices} devices, mesh data {p.mesh['data']} x fsdp {p.mesh['fsdp']} x tensor "
+          f"{p.mesh['tensor']}, micro_batches {p.micro_batches}, remat {p.remat}; {p.n_params:,} parameters")
+    print(f"update batch [{s.batch}, {s.train_width}] ({p.train_tokens:,} tokens); agent sampler {s.sample_rows} "
+          f"rows x ({s.sample_prompt} prompt + {s.sample_new} new) tokens, the last of {s.turns} turns; world model "
+          f"{s.wm_rows} rows x ({s.wm_prompt} + {s.wm_new}), {s.wm_calls} calls a step")
+    print(f"prompts: the agent's first {s.prompt_tokens} tokens, the world model's {s.wm_prompt_raw} "
+          f"({'given' if _PROMPT.value else f'estimated from the character caps at {_CPT.value} chars/token'})")
+    print("per-device memory, GiB (XLA:CPU memory analysis of the partitioned programs):")
+    print("  resident all step")
+    for name, value in p.resident.items():
+        print(f"    {name:44s}{_gib(value)}")
+    print(f"  {'program':10s}{'arguments':>10s}{'outputs':>9s}{'aliased':>9s}{'temps':>9s}{'KV cache':>10s}"
+          f"{'phase peak':>12s}{'compile s':>11s}")
+    for name, prog in p.programs.items():
+        cache = {"sample": p.kv_cache.get("agent"), "wm": p.kv_cache.get("world model")}.get(name)
+        print(f"  {name:10s}{_gib(prog.arguments):>10s}{_gib(prog.outputs):>9s}{_gib(prog.aliased):>9s}"
+              f"{_gib(prog.temporaries):>9s}{_gib(cache) if cache is not None else '':>10s}"
+              f"{_gib(p.phases[name]):>12s}{prog.compile_s:>11.0f}")
+    verdict = "FITS" if p.fits(hbm_bytes) else "DOES NOT FIT"
+    worst = max(p.phases, key=p.phases.get)
+    print(f"  peak {p.peak / GIB:.2f} GiB/device ({worst}) vs {hbm_bytes / GIB:.2f} GiB usable: {verdict}")
+
+
+def print_flops(p, config, model_config) -> dict:
+    from wmrl_jax.train.plan import analytic_flops
+
+    a = analytic_flops(config, model_config, p.n_params, p.shapes)
+    print("FLOPs per step:")
+    if "train" in p.programs:
+        prog = p.programs["train"]
+        print(f"  update, matmuls counted on the jaxpr (global; backward, remat and head recompute included): "
+              f"{_flops(prog.jaxpr_flops)}")
+        print(f"  update, XLA cost_analysis (PER DEVICE, every loop body counted once): {_flops(prog.xla_flops)}"
+              f" x {p.devices} devices = {_flops(None if prog.xla_flops is None else prog.xla_flops * p.devices)}")
+    print(f"  update, analytic model FLOPs (policy 6N + reference 2N per token + attention): {_flops(a['train'])}"
+          f"  [6N x tokens alone: {_flops(a['6N'])}, N = {a['n_matmul']:,} matmul weights]")
+    print(f"  agent sampling, analytic (every turn at its caps): prefill {_flops(a['agent prefill'])}, decode "
+          f"{_flops(a['agent decode'])}; world model {_flops(a['world model'])}")
+    return a
+
+
+def print_hours(p, config, a: dict) -> dict:
+    from wmrl_jax.train.plan import PAPER_GPU_HOURS, decode_floor_s, gpu_hours
+
+    steps, mfu, peak = config.steps, _MFU.value, _PEAK.value
+    parts = {k: gpu_hours(a[k], steps, mfu, peak) for k in ("train", "agent prefill", "agent decode", "world model")}
+    total = sum(parts.values())
+    print(f"accelerator-hours of {steps} steps at MFU {mfu} of {peak:.0f} TFLOP/s (FLOPs / (peak x MFU)):")
+    print("  " + ", ".join(f"{k} {v:,.0f}" for k, v in parts.items()) + f"; total {total:,.0f}")
+    paper = PAPER_GPU_HOURS.get(config.model_preset)
+    if paper:
+        print(f"  the paper ({config.model_preset}, A100s, whole run): WMRL {paper['wmrl']} GPU-hours, GRPO with "
+              f"every rollout executed {paper['real']}; ours / paper's WMRL = {total / paper['wmrl']:.2f}")
+    floor = None
+    if "agent" in p.kv_cache:
+        from wmrl_jax.train.plan import model_of
+
+        _, model_config, _ = model_of(config)
+        floor = decode_floor_s(model_config, p.n_params, p.shapes, p, _HBM_BW.value, _LINK.value)
+        hours = floor["floor_s"] * p.devices * steps / 3600
+        print(f"  agent decode is bandwidth-bound: at least {floor['floor_s']:,.0f} s a step on this mesh (HBM "
+              f"{floor['hbm_s']:,.0f} s, fsdp all-gathers {floor['link_s']:,.0f} s at {_LINK.value:.0f} GB/s), i.e. "
+              f">= {hours:,.0f} accelerator-hours over {steps} steps at the caps, whatever the MFU")
+    return {"parts": parts, "total": total, "paper": paper, "decode_floor": floor}
+
+
+def try_knobs(config, first, hbm: float, kw: dict):
+    """Re-plans with one knob after another (each on top of the last) until the plan fits: (final plan, tries).
+
+    A knob that keeps the mesh recompiles only the programs that did not
+    fit; the others' figures carry over (their inputs did not change).
+    """
+    from wmrl_jax.train import plan as planlib
+
+    current, current_plan, tries = config, first, []
+    print("\nknobs, tried in turn (each re-planned by compiling):")
+    for _ in range(_MAX_TRIES.value):
+        failing = {k for k, v in current_plan.phases.items() if v > hbm}
+        candidates = planlib.knob_candidates(current, _DEVICES.value, failing)
+        if not candidates:
+            print("  no knob left that this code implements (see the README's Scaling section)")
+            break
+        what, variant, mesh_changed = candidates[0]
+        programs = kw["programs"] if mesh_changed else tuple(failing)
+        try:
+            trial = planlib.plan(variant, _DEVICES.value, **{**kw, "programs": programs},
+                                 label=f"{first.label} [{'; '.join([t['knob'] for t in tries] + [what])}]")
+        except ValueError as e:
+            print(f"  {what}: cannot plan ({e})")
+            break
+        if not mesh_changed:
+            for name, prog in current_plan.programs.items():
+                if name not in trial.programs:
+                    trial.programs[name], trial.phases[name] = prog, current_plan.phases[name]
+            trial.kv_cache = {**current_plan.kv_cache, **trial.kv_cache}
+        print_plan(trial, hbm)
+        tries.append({"knob": what, "plan": trial.as_dict(), "fits": trial.fits(hbm)})
+        current, current_plan = variant, trial
+        if trial.fits(hbm):
+            print(f"  -> fits with: {'; '.join(t['knob'] for t in tries)}")
+            return trial, tries
+    else:
+        print(f"  still does not fit after {_MAX_TRIES.value} knobs (--max_tries)")
+    print("  what else would (no knob of this code): fewer tokens a sequence (agent.max_turns, "
+          "agent.max_new_tokens); more devices; sampling fewer rows at a time; an attention backward that "
+          "recomputes its key blocks (flash-style); optimizer-state offload to host memory")
+    return current_plan, tries
+
+
+def main(argv):
+    del argv
+    import json
+    import time
+
+    from wmrl_jax.train import plan as planlib
+
+    config = _CONFIG.value
+    if config is None:
+        raise app.UsageError("--config: required, e.g. --config=configs/mle_dojo_9b.py")
+    hbm = _HBM.value * _FRACTION.value * planlib.GIB
+    start = time.perf_counter()
+    kw = dict(prompt_tokens=_PROMPT.value, wm_prompt_tokens=_WM_PROMPT.value, chars_per_token=_CPT.value,
+              programs=tuple(_PROGRAMS.value))
+    first = planlib.plan(config, _DEVICES.value, **kw)
+    print_plan(first, hbm)
+    _, model_config, source = planlib.model_of(config)
+    a = print_flops(first, config, model_config)
+    hours = print_hours(first, config, a)
+    tries = []
+    final = first
+    if not first.fits(hbm) and _KNOBS.value:
+        final, tries = try_knobs(config, first, hbm, kw)
+    print(f"\nplanned in {time.perf_counter() - start:.0f} s (model from {source})")
+    if _JSON.value:
+        out = {"config": config.to_dict(), "hbm_usable_bytes": hbm, "plan": first.as_dict(), "fits": first.fits(hbm),
+               "flops": a, "hours": hours, "tries": tries, "final_fits": final.fits(hbm),
+               "mfu": _MFU.value, "peak_tflops": _PEAK.value}
+        with open(_JSON.value, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    app.run(main)
