@@ -68,6 +68,9 @@ def get_base_config() -> ml_collections.ConfigDict:
         timeout_s=600.0,          # paper: sandbox cap 600 s
         memory_mb=16384,          # Kaggle-sized tabular data in pandas
         cpus=4,
+        backend="local",          # 'local': sandboxes on this machine; 'ray': Ray tasks on a cluster's CPU nodes
+        ray_address="",           # backend 'ray': '' = RAY_ADDRESS or a new local Ray, 'auto' = the cluster this
+                                  # machine joined (`ray start`), or 'host:6379' / 'ray://host:10001'
     ))
     c.optim = ml_collections.ConfigDict(dict(
         learning_rate=1e-6,       # paper

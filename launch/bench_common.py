@@ -51,6 +51,36 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, kv_heads: int, heads
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per side; the best is kept")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="params and activations of both sides (bfloat16 on accelerators)")
+    parser.add_argument("--torch_device", default="auto",
+                        help="transformers' device: auto = cuda when JAX runs on a GPU and torch sees one, else cpu")
+
+
+def torch_device(args) -> str:
+    """The peer's device: `--torch_device`, or on `auto` the accelerator JAX uses when torch sees it too."""
+    import jax
+    import torch
+
+    if args.torch_device != "auto":
+        return args.torch_device
+    return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+
+
+def place_torch(hf_model, args):
+    """`hf_model` on `torch_device(args)` in `--dtype` (the same arithmetic as our side)."""
+    import torch
+
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    return hf_model.to(device=torch_device(args), dtype=dtype)
+
+
+def torch_sync(device) -> None:
+    """Waits for queued accelerator work, so a wall-clock timer sees it (a no-op on CPU)."""
+    import torch
+
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def best_of(fn, repeats: int):
@@ -93,7 +123,8 @@ def hf_greedy(hf_model, prompts):
     """run(n) -> new tokens [B][n] of transformers' greedy `generate` (KV cache, exactly n new tokens)."""
     import torch
 
-    input_ids = torch.as_tensor(np.asarray(prompts, np.int64))
+    device = next(hf_model.parameters()).device
+    input_ids = torch.as_tensor(np.asarray(prompts, np.int64), device=device)
     mask = torch.ones_like(input_ids)
 
     def run(new_tokens: int) -> list[list[int]]:
@@ -111,8 +142,8 @@ def hf_greedy(hf_model, prompts):
     return run
 
 
-def matmul_chain_floor(weights, rows: int, repeats: int = 5, few_rows=None) -> tuple[float, float]:
-    """(XLA, torch) best seconds of ``rows`` activations through ``weights`` ([in, out] f32 arrays), in order.
+def matmul_chain_floor(weights, rows: int, repeats: int = 5, few_rows=None, device: str = "cpu") -> tuple[float, float]:
+    """(XLA, torch) best seconds of ``rows`` activations through ``weights`` ([in, out] arrays), in order.
 
     Only the products run: no norms, attention, cache or sampling. Each one
     waits for the previous, as a forward pass's layers do: its smaller
@@ -125,7 +156,8 @@ def matmul_chain_floor(weights, rows: int, repeats: int = 5, few_rows=None) -> t
     Each side multiplies as its model code does: ours ``jnp.dot`` on the
     [in, out] arrays, or ``layers.few_rows_matmul`` on them transposed where
     ``few_rows[i]`` (a CPU decode step); torch ``F.linear`` on [out, in]
-    weights, as ``nn.Linear``.
+    weights, as ``nn.Linear``. Both sides in the weights' dtype; torch on
+    ``device`` (synchronised before the clock stops).
     """
     import jax
     import jax.numpy as jnp
@@ -134,6 +166,7 @@ def matmul_chain_floor(weights, rows: int, repeats: int = 5, few_rows=None) -> t
     from wmrl_jax.models.layers import few_rows_matmul
 
     few_rows = [False] * len(weights) if few_rows is None else list(few_rows)
+    dtype = jnp.dtype(weights[0].dtype)
     inputs = {n: np.full((rows, n), 0.01, np.float32) for n in sorted({w.shape[0] for w in weights})}
     jw = [jnp.transpose(w) if t else w for w, t in zip(weights, few_rows)]
 
@@ -142,26 +175,29 @@ def matmul_chain_floor(weights, rows: int, repeats: int = 5, few_rows=None) -> t
 
     @jax.jit
     def chain(inputs, weights):
-        zero = jnp.zeros((), jnp.float32)
+        zero = jnp.zeros((), dtype)
         for w, t in zip(weights, few_rows):
             x = inputs[w.shape[1] if t else w.shape[0]]
             x, w = (x + zero, w) if x.size <= w.size else (x, w + zero)
             zero = 0.0 * product(x, w, t).max()
         return zero
 
-    jx = {n: jnp.asarray(x) for n, x in inputs.items()}
+    jx = {n: jnp.asarray(x, dtype) for n, x in inputs.items()}
     jax.block_until_ready(chain(jx, jw))
     ours, _ = best_of(lambda: jax.block_until_ready(chain(jx, jw)), repeats)
-    tw = [torch.from_numpy(np.ascontiguousarray(np.asarray(w).T)) for w in weights]
-    tx = {n: torch.from_numpy(x) for n, x in inputs.items()}
+    tdtype = {jnp.dtype(jnp.float32): torch.float32, jnp.dtype(jnp.bfloat16): torch.bfloat16}[dtype]
+    to_torch = lambda a: torch.from_numpy(np.ascontiguousarray(np.asarray(a, np.float32))).to(device, tdtype)
+    tw = [to_torch(np.asarray(w, np.float32).T) for w in weights]
+    tx = {n: to_torch(x) for n, x in inputs.items()}
 
     def torch_chain():
         with torch.inference_mode():
-            zero = torch.zeros(())
+            zero = torch.zeros((), device=device, dtype=tdtype)
             for w in tw:
                 x = tx[w.shape[1]]
                 x, w = (x + zero, w) if x.numel() <= w.numel() else (x, w + zero)
                 zero = 0.0 * torch.nn.functional.linear(x, w).max()
+        torch_sync(device)
         return zero
 
     torch_chain()

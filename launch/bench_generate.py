@@ -1,7 +1,8 @@
-r"""Greedy decoding speed: our jitted sampler vs transformers `generate` (PyTorch CPU), same weights.
+r"""Greedy decoding speed: our jitted sampler vs transformers `generate` (PyTorch), same weights.
 
     python launch/bench_generate.py            # hidden 512, 8 layers, vocab 32k, batch 32, 128 + 256 tokens
     python launch/bench_generate.py --quick    # a smaller run (seconds), same code paths
+    python launch/bench_generate.py --dtype=bfloat16   # on a GPU: both sides there, in bf16
 
 Builds a random Qwen3 with transformers, saves it with `save_pretrained`, loads
 it with `wmrl_jax.models.load_hf`, and decodes the same left-padded prompts
@@ -9,7 +10,7 @@ greedily with both (every row runs the full `--new_tokens`: no EOS). Reports,
 measured in this run: compile time of our sampler (first call minus a compiled
 call: one program holds prefill and the while-loop decode), wall time of a compiled call, transformers'
 wall time (after a short warm-up call), new tokens/s of each, the ratio, and
-how many greedy tokens agree (f32 on both sides; long greedy runs on random
+how many greedy tokens agree (the same dtype on both sides; long greedy runs on random
 weights can diverge after a near-tie, so this is reported, not asserted), and
 the floor of a decode step: its weight matmuls alone, in XLA and in torch.
 Each side is timed `--repeats` times, the sides taking turns, and the best
@@ -23,7 +24,9 @@ import tempfile
 
 import numpy as np
 
-from bench_common import add_model_arguments, best_of, best_of_interleaved, hf_greedy, matmul_chain_floor, save_random_hf
+from bench_common import (
+    add_model_arguments, best_of, best_of_interleaved, hf_greedy, matmul_chain_floor, place_torch, save_random_hf, torch_device,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -105,9 +108,11 @@ def matmul_floor(model, args) -> tuple[float, float]:
         weights += [lp["qkv_proj_dx"], lp["o_proj_xd"], lp["gate_up_proj_dx"], lp["down_proj_fd"]]
     weights.append(params["lm_head_dv"])  # the decode layout's head: OutIn [V, D], tied or not
     # [in, out] arrays for the chain; the OutIn ones (all) multiply as the sampler does (`layers.project`).
-    few_rows = [isinstance(w, OutIn) and few_rows_path(args.batch) for w in weights]
+    # The decode layout is the sampler's default on CPU only; elsewhere its products are plain dots.
+    on_cpu = jax.default_backend() == "cpu"
+    few_rows = [on_cpu and isinstance(w, OutIn) and few_rows_path(args.batch) for w in weights]
     weights = [w.weight.T if isinstance(w, OutIn) else w for w in weights]
-    return matmul_chain_floor(weights, args.batch, repeats=20, few_rows=few_rows)
+    return matmul_chain_floor(weights, args.batch, repeats=20, few_rows=few_rows, device=torch_device(args))
 
 
 def main(argv=None) -> dict:
@@ -116,17 +121,20 @@ def main(argv=None) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    import jax
+
     from wmrl_jax.models import load_hf
 
     prompts = make_prompts(args)
     new = args.batch * args.new_tokens
     with tempfile.TemporaryDirectory() as path:
-        hf_model = build_checkpoint(args, path)
-        model = load_hf(path)
+        hf_model = place_torch(build_checkpoint(args, path), args)
+        model = load_hf(path, dtype=args.dtype)
     print(
         f"model: hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}, heads {args.heads}/{args.kv_heads}, "
         f"head_dim {args.head_dim}, mlp {args.intermediate}; batch {args.batch}, prompt {args.prompt_len}, "
-        f"new {args.new_tokens} (greedy, f32, torch threads {torch.get_num_threads()})",
+        f"new {args.new_tokens} (greedy, {args.dtype}; JAX on {jax.default_backend()}, torch on {torch_device(args)}, "
+        f"torch threads {torch.get_num_threads()})",
         flush=True,
     )
     compile_s, ours_s, ours_tokens, hf_s, hf_tokens = time_both(model, hf_model, prompts, args)

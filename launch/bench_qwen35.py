@@ -1,8 +1,10 @@
-r"""Qwen3.5 speed: prefill and greedy decode of our JAX family vs transformers (PyTorch CPU fallbacks), same weights.
+r"""Qwen3.5 speed: prefill and greedy decode of our JAX family vs transformers (PyTorch), same weights.
 
     python launch/bench_qwen35.py            # hidden 512, 8 layers (3 linear + 1 full, x2), vocab 32k;
                                              # prefill batch 8 x 2048 tokens; decode batch 8, 128 + 128 tokens
     python launch/bench_qwen35.py --quick    # smaller shapes (about a minute), same code paths
+    python launch/bench_qwen35.py --dtype=bfloat16   # on a GPU: both sides there, in bf16 (transformers'
+                                             # CUDA path: its fla / causal-conv1d kernels where installed)
 
 Builds a random `Qwen3_5ForCausalLM` with transformers, saves it, loads it with
 `wmrl_jax.models.load_hf`, then measures in this run, each side `--repeats`
@@ -34,7 +36,9 @@ import time
 
 import numpy as np
 
-from bench_common import add_model_arguments, best_of, best_of_interleaved, hf_greedy, matmul_chain_floor, save_random_hf
+from bench_common import (
+    add_model_arguments, best_of, best_of_interleaved, hf_greedy, matmul_chain_floor, place_torch, save_random_hf, torch_device,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -96,7 +100,7 @@ def prefill_ours(model, tokens: np.ndarray):
 
     def prefill(params, tokens):
         valid = jnp.ones(tokens.shape, bool)
-        cache = family.init_cache(config, tokens.shape[0], tokens.shape[1], jnp.float32)
+        cache = family.init_cache(config, tokens.shape[0], tokens.shape[1], params["embed_vd"].dtype)
         hidden, cache = family.forward(params, config, tokens, positions_from_valid(valid), valid, cache)
         return family.unembed(params, config, hidden[:, -1:])[:, 0], cache
 
@@ -113,11 +117,11 @@ def prefill_transformers(hf_model, tokens: np.ndarray):
     """run() -> last-position logits of transformers' cached prefill (after a warm-up call)."""
     import torch
 
-    input_ids = torch.as_tensor(tokens, dtype=torch.long)
+    input_ids = torch.as_tensor(tokens, dtype=torch.long, device=next(hf_model.parameters()).device)
 
     def run():
         with torch.inference_mode():
-            return hf_model(input_ids=input_ids, use_cache=True, logits_to_keep=1).logits[:, -1].numpy()
+            return hf_model(input_ids=input_ids, use_cache=True, logits_to_keep=1).logits[:, -1].float().cpu().numpy()
 
     run()
     return run
@@ -150,17 +154,17 @@ def weight_matrices(model, *, unembed: bool) -> list:
     return weights
 
 
-def prefill_floor(model, rows: int) -> tuple[float, float]:
+def prefill_floor(model, rows: int, device: str) -> tuple[float, float]:
     """(XLA, torch) best seconds of a prefill's weight products alone, ``rows`` = batch x length.
 
     ``bench_common.matmul_chain_floor`` over the layers (the last position's
     unembedding is left out: one row per sequence): the flops no delta rule,
     attention or fusion can remove.
     """
-    return matmul_chain_floor(weight_matrices(model, unembed=False), rows, repeats=2)
+    return matmul_chain_floor(weight_matrices(model, unembed=False), rows, repeats=2, device=device)
 
 
-def decode_floor(model, rows: int) -> tuple[float, float]:
+def decode_floor(model, rows: int, device: str) -> tuple[float, float]:
     """(XLA, torch) best seconds of one decode step's weight products alone: layers and unembedding.
 
     Ours as the CPU decode multiplies: every product by ``layers.few_rows_matmul``
@@ -168,8 +172,11 @@ def decode_floor(model, rows: int) -> tuple[float, float]:
     """
     from wmrl_jax.models.layers import few_rows_path
 
+    import jax
+
     weights = weight_matrices(model, unembed=True)
-    return matmul_chain_floor(weights, rows, repeats=20, few_rows=[few_rows_path(rows)] * len(weights))
+    few_rows = jax.default_backend() == "cpu" and few_rows_path(rows)   # the decode layout is CPU's default only
+    return matmul_chain_floor(weights, rows, repeats=20, few_rows=[few_rows] * len(weights), device=device)
 
 
 def decode_ours(model, prompts, new_tokens: int):
@@ -196,17 +203,21 @@ def main(argv=None) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    import jax
+
     from wmrl_jax.models import load_hf
 
+    device = torch_device(args)
     with tempfile.TemporaryDirectory() as path:
-        hf_model = build_checkpoint(args, path)
-        model = load_hf(path)
+        hf_model = place_torch(build_checkpoint(args, path), args)
+        model = load_hf(path, dtype=args.dtype)
     c = model.config
     print(
         f"model: hidden {args.hidden}, {args.layers} layers ({c.num_repeats} x {'+'.join(t[:4] for t in c.pattern)}"
         f"{' + ' + str(len(c.tail_types)) if c.tail_types else ''}), vocab {args.vocab}, attention {args.heads}/"
         f"{args.kv_heads} heads, DeltaNet {args.linear_key_heads} qk / {args.linear_value_heads} v heads, mlp "
-        f"{args.intermediate}; f32, torch threads {torch.get_num_threads()}",
+        f"{args.intermediate}; {args.dtype}, JAX on {jax.default_backend()}, torch on {device}, torch threads "
+        f"{torch.get_num_threads()}",
         flush=True,
     )
     rng = np.random.default_rng(args.seed)
@@ -222,7 +233,7 @@ def main(argv=None) -> dict:
         err = float(np.abs(ours_logits - hf_logits).max())
         print(f"prefill transformers: run {hf_s:.2f} s -> {n / hf_s:,.0f} tokens/s; last-logit max |diff| {err:.1e}")
         print(f"prefill ratio (ours / transformers tokens/s): {hf_s / ours_s:.2f}x", flush=True)
-        floor_s, torch_floor_s = prefill_floor(model, n)
+        floor_s, torch_floor_s = prefill_floor(model, n, device)
         print(f"prefill floor: its dense weight products alone take {floor_s:.2f} s in XLA, {torch_floor_s:.2f} s in "
               f"torch; 3x transformers would need the whole prefill in {hf_s / 3:.2f} s", flush=True)
         result.update(prefill_ours_s=ours_s, prefill_hf_s=hf_s, prefill_ratio=hf_s / ours_s,
@@ -247,7 +258,7 @@ def main(argv=None) -> dict:
         print(f"decode transformers generate: t(N) {hf_n:.2f} s, t(1) {hf_1:.2f} s -> {hf_rate:,.1f} new tokens/s; "
               f"greedy tokens equal {agree:.1%}")
         print(f"decode ratio (ours / transformers tokens/s): {ours_rate / hf_rate:.2f}x", flush=True)
-        floor_s, torch_floor_s = decode_floor(model, args.decode_batch)
+        floor_s, torch_floor_s = decode_floor(model, args.decode_batch, device)
         print(f"decode floor: a step's weight products alone take {floor_s * 1e3:.1f} ms in XLA, {torch_floor_s * 1e3:.1f} ms "
               f"in torch; ours spends {args.decode_batch / ours_rate * 1e3:.1f} ms a step, transformers "
               f"{args.decode_batch / hf_rate * 1e3:.1f} ms", flush=True)

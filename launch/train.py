@@ -2,12 +2,30 @@
 
     python launch/train.py --config=configs/tiny_cpu.py                 # embedded default, <= 15 min on 2 CPU cores
     python launch/train.py --config=configs/tiny_cpu.py --config.rewards.mode=real --config.workdir=/tmp/real
-    python launch/train.py --config=configs/mle_dojo_9b.py --config.model_path=/ckpt/Qwen3.5-9B \
+    python launch/train.py --config=configs/mle_dojo_9b.py --config.model_path=/ckpt/Qwen3.5-9B \\
         --config.data_dir=/data/mle-dojo --config.workdir=/runs/9b
 
 Starting the same command again resumes from the newest good checkpoint in
 `workdir`. TensorBoard: `tensorboard --logdir WORKDIR/tb`. The loop itself is
 `wmrl_jax.train.loop.train`.
+
+Multi-host: start the same command once per host (or per accelerator), e.g.
+two hosts of 8 GPUs:
+
+    # host 0 (10.0.0.1)                                  # host 1
+    python launch/train.py --config=... \\                 python launch/train.py --config=... \\
+        --coordinator_address=10.0.0.1:1234 \\                --coordinator_address=10.0.0.1:1234 \\
+        --num_processes=2 --process_id=0                     --num_processes=2 --process_id=1
+
+or set WMRL_COORDINATOR_ADDRESS / WMRL_NUM_PROCESSES / WMRL_PROCESS_ID instead
+of the flags. Under Slurm (`srun`) or Open MPI (`mpirun`) nothing is needed:
+JAX reads the launcher's variables; on TPU pods and Kubernetes pass
+`--distributed=on` to let JAX detect the cluster. `jax.devices()` then spans
+every process and `config.mesh` is laid over all of them. `workdir` must be a
+folder every host sees (a shared filesystem: Orbax writes each host's
+shards there), and so must `data_dir`; process 0 alone runs the sandboxes
+(or drives the Ray fleet, `--config.sandbox.backend=ray`) and writes logs
+and the export (docs/design.md, "Multi-host training").
 """
 
 from __future__ import annotations
@@ -15,7 +33,7 @@ from __future__ import annotations
 import os
 import sys
 
-from absl import app, logging
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 import bench_common  # noqa: F401  (importing it quiets absl/JAX INFO logs)
@@ -24,17 +42,36 @@ import bench_common  # noqa: F401  (importing it quiets absl/JAX INFO logs)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/*.py file (with --config.x=y overrides).")
+_DISTRIBUTED = flags.DEFINE_enum(
+    "distributed", "auto", ["auto", "on", "off"],
+    "Start jax.distributed? auto: when a coordinator address or more than one process is given (flags or "
+    "WMRL_*/JAX_COORDINATOR_ADDRESS environment), or under Slurm srun / Open MPI mpirun with >1 task; "
+    "on: always (JAX auto-detects TPU pods, Kubernetes, ...); off: never (a single-process run).")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None,
+    "HOST:PORT of process 0's coordination service, the same in every process (env WMRL_COORDINATOR_ADDRESS, "
+    "or JAX_COORDINATOR_ADDRESS).")
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "Number of processes in the run (env WMRL_NUM_PROCESSES).", lower_bound=1)
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", None, "This process's id, 0 .. num_processes - 1; 0 writes logs and runs the sandboxes "
+    "(env WMRL_PROCESS_ID).", lower_bound=0)
 
 
 def main(argv):
     del argv
+    from wmrl_jax.train import multihost
+
+    # Before anything touches a device: jax.distributed must start first.
+    multihost.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, mode=_DISTRIBUTED.value)
     from wmrl_jax.train import loop
 
     logging.set_verbosity(logging.WARNING)   # Orbax reports every save at INFO through absl
     if _CONFIG.value is None:
         raise app.UsageError("--config: required, e.g. --config=configs/tiny_cpu.py")
     summary = loop.train(_CONFIG.value)
-    print(summary)
+    if multihost.is_primary():
+        print(summary)
 
 
 if __name__ == "__main__":

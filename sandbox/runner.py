@@ -100,6 +100,39 @@ def extract_code(text) -> str | None:
     return text if text.strip() else None
 
 
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """Why the sandbox launches nothing: no program ("malformed"), or one `compile()` rejects ("syntax_err")."""
+
+    status: str                # "malformed" | "syntax_err"
+    error_type: str            # "MalformedResponse", or the compile error's class ("SyntaxError", ...)
+    error_line: int | None     # the compile error's line, when it has one
+    detail: str                # "SyntaxError: message" for syntax_err; "" for malformed
+
+    def feedback(self, max_chars: int = 3000) -> str:
+        """The text the agent reads next turn: exactly what `run_solution` returns for this program."""
+        # A refused program never ran, so no time limit appears in its text (timeout_s is unused).
+        return grading.execution_feedback(status=self.status, wall_s=0.0, stdout="", stderr=self.detail, grade=None,
+                                          error_type=self.error_type, timeout_s=0.0, max_chars=max_chars)
+
+
+def check_before_launch(code) -> tuple[str | None, Refusal | None]:
+    """(the program, None) when it may launch; else (the program or None, why not).
+
+    The sandbox's deterministic checks, shared with the world model's gate
+    (`wmrl_jax.world_model.gate`) so that both classify such code alike: no
+    program in the answer (`extract_code`), or a program `compile()` rejects.
+    """
+    program = extract_code(code)
+    if program is None:
+        return None, Refusal("malformed", "MalformedResponse", None, "")
+    try:
+        compile(program, "solution.py", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as e:   # ValueError: e.g. source with null bytes
+        return program, Refusal("syntax_err", type(e).__name__, getattr(e, "lineno", None), f"{type(e).__name__}: {e}")
+    return program, None
+
+
 _TB_FRAME = re.compile(r'File "[^"]*solution\.py", line (\d+)')
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::(?:\s|$)|$)")
 
@@ -205,20 +238,10 @@ def run_solution(task: Task, code, *, timeout_s: float = 600.0, memory_mb: int =
         raise TypeError(f"task: expected a sandbox.Task (from load_task), got {type(task).__name__}")
     limits = limits or isolation.Limits(timeout_s=timeout_s, memory_mb=memory_mb, cpus=cpus)
     sha = code_sha256(code)
-    program = extract_code(code)
-    if program is None:
-        return _result(task, sha, "malformed", error_type="MalformedResponse",
-                       feedback=grading.execution_feedback(status="malformed", wall_s=0.0, stdout="", stderr="",
-                                                           grade=None, error_type=None, timeout_s=limits.timeout_s))
-    try:
-        compile(program, "solution.py", "exec", dont_inherit=True)
-    except (SyntaxError, ValueError) as e:
-        detail = f"{type(e).__name__}: {e}"
-        line = getattr(e, "lineno", None)
-        return _result(task, sha, "syntax_err", error_type=type(e).__name__, error_line=line,
-                       feedback=grading.execution_feedback(status="syntax_err", wall_s=0.0, stdout="",
-                                                           stderr=detail, grade=None, error_type=type(e).__name__,
-                                                           timeout_s=limits.timeout_s, max_chars=feedback_chars))
+    program, refusal = check_before_launch(code)
+    if refusal is not None:
+        return _result(task, sha, refusal.status, error_type=refusal.error_type, error_line=refusal.error_line,
+                       feedback=refusal.feedback(max_chars=feedback_chars))
 
     run_dir = tempfile.mkdtemp(prefix="wmrl-run-", dir=scratch_dir)
     try:

@@ -147,3 +147,89 @@ def test_rollout_text_picks_rollouts_by_position_even_within_one_group():
     scores = loop.Scores(*(np.zeros((2, 4)) for _ in range(4)), np.zeros(2, bool), {}, [], {})
     text = loop._rollout_text(eps, scores, 4, 4)
     assert text.count("**group") == 4 and "group 0 rollout 2" in text and "print(6)" in text
+
+
+# Run in a fresh interpreter: XLA reads the device count once, at backend start-up.
+_LOOP_ON_DEVICES = """
+import sys
+import jax
+from tests.test_train_loop import small_config
+from wmrl_jax.train import loop
+
+workdir, fsdp, tensor = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+assert jax.device_count() == fsdp * tensor, (jax.device_count(), fsdp, tensor)
+config = small_config(workdir, **{"mesh.data": 1, "mesh.fsdp": fsdp, "mesh.tensor": tensor,
+                                 "agent.max_new_tokens": 384})
+print(f"{jax.device_count()} devices: {loop.train(config, progress=False).seconds:.0f} s")
+"""
+
+
+@pytest.mark.slow
+def test_the_loop_on_8_devices_equals_1_device(tmp_path):
+    """2 steps of the tiny loop on an (fsdp 4, tensor 2) mesh of 8 simulated devices and on 1 device.
+
+    Replies of up to 384 tokens (tiny_cpu's): shorter ones never finish the
+    micro-world's code, so every reward is 0 and the update has no
+    policy-gradient term; here some solutions run and the advantages differ.
+    Same seed, same rollouts: the policy samples from params equal up to the
+    sharded matmuls' rounding (~1e-7), which flips no sampled token here, so
+    every reward, count and correction figure is equal exactly and the
+    update's figures (train/*) up to rounding (rtol 1e-4).
+
+    Params: Adam moves a weight by ~lr (5e-5) a step whatever its gradient's
+    size, so for a weight whose gradient is ~0 rounding noise can change the
+    step's direction. The bulk must agree to 1e-6 (~1% of the median move, ~8e-5
+    here; measured: 377 of 3.9M weights differ by more, max 8.1e-6), and no
+    weight may differ by more than one lr-sized step.
+    """
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    import jax
+
+    from wmrl_jax import micro_world
+    from wmrl_jax.models import load_hf
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    runs = {"8": (4, 2), "1": (1, 1)}
+    procs = {}
+    for name, (fsdp, tensor) in runs.items():
+        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={fsdp * tensor}",
+               "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+        procs[name] = subprocess.Popen([sys.executable, "-c", _LOOP_ON_DEVICES, str(tmp_path / name), str(fsdp),
+                                        str(tensor)], cwd=root, env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True)
+    for name, proc in procs.items():
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"the {name}-device run failed:\n{out[-4000:]}"
+        print(out.strip().splitlines()[-1])
+
+    one, eight = (read_scalars(tmp_path / name / "tb") for name in ("1", "8"))
+    assert sorted(one) == sorted(eight)
+    compared = 0
+    for tag in one:
+        if tag.startswith("time/") or tag == "cost/sandbox_cpu_s":   # wall and CPU time: measured, not computed
+            continue
+        a, b = np.array(one[tag]), np.array(eight[tag])
+        assert a[:, 0].tolist() == b[:, 0].tolist() == [1, 2], tag
+        # Reward, cost and correction figures are computed on the host from the same rollouts: equal. The
+        # update's figures (train/*) went through sharded reductions: equal up to float rounding.
+        rtol = 1e-4 if tag.startswith("train/") else 0.0
+        np.testing.assert_allclose(b[:, 1], a[:, 1], rtol=rtol, atol=1e-7 if rtol else 0.0, err_msg=tag)
+        compared += 1
+    assert compared > 20 and "train/loss" in one and "cost/tokens_generated" in one
+
+    p1, p8 = (load_hf(tmp_path / name / "export").params for name in ("1", "8"))
+    diff = np.concatenate([np.abs(np.asarray(x) - np.asarray(y)).ravel() for x, y in zip(jax.tree.leaves(p1),
+                                                                                         jax.tree.leaves(p8))])
+    print(f"|params 8 devices - 1 device|: max {diff.max():.2e}, {np.mean(diff > 1e-6):.4%} of weights > 1e-6")
+    assert diff.max() <= 5e-5 and np.mean(diff > 1e-6) < 1e-3, (diff.max(), np.mean(diff > 1e-6))
+    # The comparison can fail: the rollouts had different rewards (a policy-gradient term, not only KL and
+    # entropy), and the 2 updates (~lr each) moved the typical weight by 10x the bulk tolerance or more.
+    assert np.abs(np.array(one["train/pg_loss"])[:, 1]).max() > 0, one["train/pg_loss"]
+    base = load_hf(micro_world.shipped_path()).params
+    moved = np.concatenate([np.abs(np.asarray(x, np.float32) - np.asarray(y)).ravel()
+                            for x, y in zip(jax.tree.leaves(base), jax.tree.leaves(p1))])
+    assert np.median(moved) > 1e-5, np.median(moved)

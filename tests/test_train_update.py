@@ -3,7 +3,8 @@
 * the loss and gradient against a hand-written full-batch computation: full
   f32 [B, T, V] logits (tiny V), log-softmax, the GRPO formula written out
   (ratio 1, k3 KL, entropy bonus, token mean), plain `jax.value_and_grad`;
-* micro_batches 2 and 4 against 1;
+  the step runs with layer remat (the default, "full"), the reference without: remat on == off;
+* micro_batches 2 and 4 (remat off, and "dots") against 1;
 * 8 simulated devices (data 2 × fsdp 2 × tensor 2) against 1 device;
 * masked tokens, padding and weight-0 rollouts perturbed: gradient unchanged;
 * the frozen reference is never changed nor donated;
@@ -26,6 +27,8 @@ import pytest
 from wmrl_jax.models import init, make_mesh, qwen3, qwen35
 from wmrl_jax.models.layers import positions_from_valid
 from wmrl_jax.models.sharding import tree_shardings
+from wmrl_jax.models.family import REMAT_POLICIES
+from wmrl_jax.train import config as train_config
 from wmrl_jax.train import update
 
 B, T, VOCAB = 8, 16, 96
@@ -121,6 +124,7 @@ def assert_trees_close(a, b, rtol=1e-5, atol=1e-7):
 
 
 def test_loss_and_gradient_match_hand_written_full_batch(setup):
+    """Layer remat on (the step's default) against plain autodiff of the forward without remat."""
     grads, metrics = grads_and_metrics(setup)
     np.testing.assert_allclose(metrics["loss"], setup["loss"], rtol=1e-5)
     assert_trees_close(grads, setup["grads"])
@@ -132,7 +136,7 @@ def test_loss_and_gradient_match_hand_written_full_batch(setup):
     assert np.isnan(metrics["learning_rate"])   # capture_grads has no learning rate
 
 
-@pytest.mark.parametrize("micro_batches, remat", [(2, False), (4, True)])
+@pytest.mark.parametrize("micro_batches, remat", [(2, False), (4, "dots")])
 def test_micro_batches_equal_one_batch(setup, micro_batches, remat):
     grads, metrics = grads_and_metrics(setup, micro_batches, remat=remat)
     one_grads, one_metrics = grads_and_metrics(setup, 1)
@@ -243,6 +247,10 @@ def test_bad_input_names_the_field():
         step(state, None, update.Batch(**{**good.__dict__, "valid": good.valid.astype(np.int64)}))
     with pytest.raises(ValueError, match="micro_batches: 0"):
         update.make_train_step(family, config, adamw(), micro_batches=0, **mk)
+    with pytest.raises(ValueError, match=r"remat: 'layers', expected True, False or one of \['dots', 'full'\]"):
+        update.make_train_step(family, config, adamw(), remat="layers", **mk)
+    # config.validate names the same policies (it imports no jax).
+    assert train_config.REMAT_POLICIES == tuple(sorted(REMAT_POLICIES)) == ("dots", "full")
     with pytest.raises(ValueError, match="optim.grad_clip"):
         update.make_optimizer(ml_collections.ConfigDict(dict(
             learning_rate=1e-6, warmup_steps=0, total_steps=1, weight_decay=0.0, b1=0.9, b2=0.999, grad_clip=0.0)))

@@ -41,6 +41,7 @@ def test_gate_agrees_with_the_real_sandbox(task, code, status):
         real = sandbox.run_solution(task, code)
         assert real.status == status
         assert world_model.ladder_reward(status, None, CONFIG) == real.reward
+        assert decided[1:] == (real.error_type, real.feedback)   # the same verdict and text as the sandbox
 
 
 @pytest.mark.parametrize("status", world_model.STATUSES)

@@ -8,7 +8,9 @@ V=248k: 63 GiB). Here the backbone runs once (`family.forward`, no cache), then
 the head runs chunk by chunk over T under `lax.scan`, each chunk under
 `jax.checkpoint`: the forward keeps only ``[B, C, V]`` alive at a time and the
 backward recomputes each chunk's logits instead of storing them, so peak memory
-is ``O(B * C * V)`` in both directions.
+is ``O(B * C * V)`` in both directions. The backbone's own activations are
+the other large term under `jax.grad`; ``remat=`` checkpoints its layers
+(`family.remat_layer`).
 
 Alignment: outputs line up with `tokens`. ``logp[b, t] = log p(tokens[b, t] |
 tokens[b, :t])``, predicted from the hidden state at t - 1; it is 0 where
@@ -61,6 +63,7 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     chunk: int = 128,
+    remat: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Log-probs of the given tokens and next-token entropies, without a [B, T, V] array.
 
@@ -79,6 +82,10 @@ def token_logprobs(
       temperature: static, > 0.
       chunk: static number of positions unembedded at once; T is padded up to
         a multiple of it internally.
+      remat: static; None, or a `family.REMAT_POLICIES` name passed to
+        `family.forward` (layer remat: under `jax.grad`, the backbone's
+        backward keeps one [B, T, D] residual per layer instead of every
+        layer's activations). Same values and gradients either way.
 
     Returns:
       (logp float32[B, T], entropy float32[B, T]), zeros where not scored.
@@ -95,7 +102,7 @@ def token_logprobs(
     tokens = tokens.astype(jnp.int32)
     valid = valid.astype(bool)
     positions = positions_from_valid(valid)
-    hidden, _ = family.forward(params, config, tokens, positions, valid, None)
+    hidden, _ = family.forward(params, config, tokens, positions, valid, None, remat=remat)
 
     # Position t is predicted by the hidden state at t - 1.
     hidden_prev = jnp.pad(hidden[:, :-1], ((0, 0), (1, 0), (0, 0)))

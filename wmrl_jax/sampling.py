@@ -292,6 +292,15 @@ def _bucket(n: int, minimum: int, multiple: int = 1) -> int:
     return -(-size // multiple) * multiple
 
 
+def _to_host(x: Any) -> np.ndarray:
+    """numpy of one result array; in a multi-process run, rows held by other processes' devices are gathered."""
+    if isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated):
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+
 def _batch_axes(mesh) -> tuple[str, ...]:
     """Mesh axes the batch is split over (data parallel + fsdp), those the mesh has."""
     return tuple(name for name in ("data", "fsdp") if name in mesh.axis_names)
@@ -384,7 +393,7 @@ def generate(
             pad_id=int(pad_id),
             mesh=mesh,
         )
-    out = jax.device_get(out)
+    out = jax.tree.map(_to_host, out)
     lengths = np.asarray(out.lengths[:num], np.int64)
     return GenerateResult(
         tokens=[out.tokens[row, : lengths[row]].tolist() for row in range(num)],

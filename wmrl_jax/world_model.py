@@ -175,21 +175,16 @@ def parse_answer(text: str) -> tuple[str, str | None, str | None, str] | None:
 def gate(text: str | None) -> tuple[str, str, str] | None:
     """(status, error type, feedback) when the deterministic gate decides, else None (ask the model).
 
-    No code (or empty code) is "malformed"; code that does not `compile()` is
-    "syntax_err" -- exactly the real sandbox's checks before it launches.
+    The real sandbox's own checks before it launches (`sandbox.runner.check_before_launch`):
+    no code (or empty code) is "malformed", code that does not `compile()` is
+    "syntax_err", with the feedback text the sandbox would return.
     """
-    from sandbox.runner import extract_code   # the sandbox's own rule: plain code, or the last ```python block
+    from sandbox.runner import check_before_launch
 
-    code = extract_code(text) if text is not None else None
-    if code is None or not code.strip():
-        return "malformed", "MalformedResponse", "Execution failed: no Python code could be extracted from the response."
-    try:
-        compile(code, "solution.py", "exec", dont_inherit=True)
-    except (SyntaxError, ValueError) as e:
-        line = getattr(e, "lineno", None)
-        where = f" at line {line}" if line else ""
-        return "syntax_err", type(e).__name__, f"Execution failed: code syntax validation failed ({type(e).__name__}{where})."
-    return None
+    _, refusal = check_before_launch(text)
+    if refusal is None:
+        return None
+    return refusal.status, refusal.error_type, refusal.feedback()
 
 
 def numbered(code: str) -> str:

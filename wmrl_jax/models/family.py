@@ -46,6 +46,17 @@ Conventions shared by all families
   the hook once per call, after the prefill; on GPU/TPU the decode stays the
   stored layer scan (no second copy of the weights). ``fuse_matmuls`` is
   False under a mesh (a fused axis would mix differently sharded heads).
+* ``forward(..., remat=None)``: rematerialisation of the layers for training.
+  ``None`` (the default; sampling and scoring never differentiate) stores
+  every layer's activations for the backward pass; a policy name from
+  ``REMAT_POLICIES`` wraps each scanned layer body (each repeat of a
+  pattern, for a hybrid family) in ``jax.checkpoint`` (`remat_layer`), so
+  the backward keeps only the residual stream between layers and recomputes
+  one layer's internals at a time: ``"full"`` saves nothing inside the layer,
+  ``"dots"`` keeps the outputs of the weight matmuls (those without batch
+  dims; attention scores and the rest are recomputed), trading memory back
+  for less recomputation. The result and its gradient are the same either
+  way (up to float rounding).
 * ``param_axes`` leaves are tuples of logical names (see ``sharding.RULES``);
   ``cache_axes`` likewise, with ``()`` for the scalar ``index``.
 * Writing past ``max_len`` in a cache is not detected inside jit
@@ -71,6 +82,26 @@ FAMILIES: dict[str, str] = {
     "qwen3_5": "wmrl_jax.models.qwen35",
     "qwen3_5_text": "wmrl_jax.models.qwen35",
 }
+
+
+# `forward(remat=...)` policy names -> what `jax.checkpoint` may keep from inside a layer.
+REMAT_POLICIES: dict[str, Any] = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def remat_layer(fn, remat: str | None, *, prevent_cse: bool = True):
+    """`fn` (one layer, or one scan body) under `jax.checkpoint` with the named policy; `fn` itself for None.
+
+    prevent_cse=False is safe (and cheaper) for a `lax.scan` body, whose
+    recomputation XLA cannot merge with the forward anyway (JAX docs).
+    """
+    if remat is None:
+        return fn
+    if not (isinstance(remat, str) and remat in REMAT_POLICIES):
+        raise ValueError(f"remat: {remat!r}, expected None or one of {sorted(REMAT_POLICIES)}")
+    return jax.checkpoint(fn, policy=REMAT_POLICIES[remat], prevent_cse=prevent_cse)
 
 
 def get_family(model_type: str):
@@ -195,6 +226,8 @@ class ModelFamily(Protocol):
         positions: jax.Array,  # int32[B, T]
         valid: jax.Array,  # bool[B, T]
         cache: Cache | None = None,
+        *,
+        remat: str | None = None,  # None or a key of REMAT_POLICIES
     ) -> tuple[jax.Array, Cache | None]: ...
 
     def unembed(self, params: Params, config: Any, hidden: jax.Array) -> jax.Array: ...

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from wmrl_jax.models import layers as L
-from wmrl_jax.models.family import Cache, HfTensor, Params
+from wmrl_jax.models.family import Cache, HfTensor, Params, remat_layer
 from wmrl_jax.models.sharding import constrain
 
 MODEL_TYPES = ("qwen3",)
@@ -299,11 +299,15 @@ def forward(
     positions: jax.Array,
     valid: jax.Array,
     cache: Cache | None = None,
+    *,
+    remat: str | None = None,
 ) -> tuple[jax.Array, Cache | None]:
     """Final-normed hidden states [B, T, D] (param dtype) and the updated cache (see family.py).
 
     Params and cache are either stacked (the stored layout; layers run under
-    `lax.scan`) or per-layer (`decode_layout`; layers unrolled).
+    `lax.scan`) or per-layer (`decode_layout`; layers unrolled). remat: None,
+    or a `family.REMAT_POLICIES` name: each layer runs under `jax.checkpoint`
+    (the backward keeps only the [B, T, D] residual between layers).
     """
     c = config
     ctx = L.attention_context(tokens, positions, valid, cache)
@@ -349,14 +353,15 @@ def forward(
         keys, values = [], []
         for i, lp in enumerate(params["layers"]):
             attend = fresh_attend if cache is None else cached_attend(cache["k"][i], cache["v"][i])
-            x_btd, kv = block(x_btd, lp, attend)
+            x_btd, kv = remat_layer(lambda x, lp, attend=attend: block(x, lp, attend), remat)(x_btd, lp)
             if cache is not None:
                 keys.append(kv[0])
                 values.append(kv[1])
         return finish(x_btd, tuple(keys), tuple(values))
 
     if cache is None:
-        x_btd, _ = jax.lax.scan(lambda x, lp: block(x, lp, fresh_attend), x_btd, params["layers"])
+        layer = remat_layer(lambda x, lp: block(x, lp, fresh_attend), remat, prevent_cse=False)
+        x_btd, _ = jax.lax.scan(layer, x_btd, params["layers"])
         return finish(x_btd, None, None)
 
     def cached_layer(carry, inputs):
@@ -376,7 +381,8 @@ def forward(
 
     layer_ids = jnp.arange(c.num_layers, dtype=jnp.int32)
     (x_btd, k_lbkhs, v_lbksh), _ = jax.lax.scan(
-        cached_layer, (x_btd, cache["k"], cache["v"]), (params["layers"], layer_ids)
+        remat_layer(cached_layer, remat, prevent_cse=False), (x_btd, cache["k"], cache["v"]),
+        (params["layers"], layer_ids)
     )
     return finish(x_btd, k_lbkhs, v_lbksh)
 

@@ -46,7 +46,7 @@ import numpy as np
 from wmrl_jax.models import gated_deltanet as gdn
 from wmrl_jax.models import layers as L
 from wmrl_jax.models.blocked_attention import blocked_causal_attention
-from wmrl_jax.models.family import Cache, Params
+from wmrl_jax.models.family import Cache, Params, remat_layer
 from wmrl_jax.models.qwen35_config import (  # noqa: F401 - the family contract and the presets, re-exported
     CAUSAL_LM,
     CONDITIONAL_GENERATION,
@@ -383,11 +383,16 @@ def forward(
     positions: jax.Array,
     valid: jax.Array,
     cache: Cache | None = None,
+    *,
+    remat: str | None = None,
 ) -> tuple[jax.Array, Cache | None]:
     """Final-normed hidden states [B, T, D] (param dtype) and the updated cache (see family.py).
 
     Params and cache are either stacked (the stored layout; the repeats run
     under `lax.scan`) or per-repeat (`decode_layout`; the repeats unrolled).
+    remat: None, or a `family.REMAT_POLICIES` name: each repeat of the
+    pattern (the scan body) and each tail layer runs under `jax.checkpoint`
+    (the backward keeps only the [B, T, D] residual between them).
     """
     c = config
     ctx = L.attention_context(tokens, positions, valid, cache)
@@ -407,15 +412,19 @@ def forward(
     if per_repeat:  # the decode layout: repeats unrolled
         new_blocks = []
         for r, block_params in enumerate(params["blocks"]):
-            x_btd, new_block = block(x_btd, (block_params, None if cache is None else cache["blocks"][r]))
+            x_btd, new_block = remat_layer(block, remat)(
+                x_btd, (block_params, None if cache is None else cache["blocks"][r]))
             new_blocks.append(new_block)
         new_blocks = None if cache is None else tuple(new_blocks)
     else:
-        x_btd, new_blocks = jax.lax.scan(block, x_btd, (params["blocks"], None if cache is None else cache["blocks"]))
+        blocks_and_cache = (params["blocks"], None if cache is None else cache["blocks"])
+        x_btd, new_blocks = jax.lax.scan(remat_layer(block, remat, prevent_cse=False), x_btd, blocks_and_cache)
     new_tail = {}
     for i, kind in enumerate(c.tail_types):
         layer_cache = None if cache is None else cache["tail"][str(i)]
-        x_btd, new_tail[str(i)] = _decoder_layer(kind, params["tail"][str(i)], c, x_btd, ctx, layer_cache)
+        layer = remat_layer(lambda x, lp, layer_cache, kind=kind: _decoder_layer(kind, lp, c, x, ctx, layer_cache),
+                            remat)
+        x_btd, new_tail[str(i)] = layer(x_btd, params["tail"][str(i)], layer_cache)
     hidden_btd = L.rms_norm(x_btd, params["final_norm_d"], c.rms_norm_eps, offset=1.0)
     if cache is None:
         return hidden_btd, None

@@ -21,6 +21,14 @@ bits -- and `latest` checks it after restoring. A checkpoint that fails to
 restore or to match is reported (logging.warning), moved aside to
 `<step>.corrupt` (kept for inspection, never read again) and the previous one
 is tried.
+
+Multi-process runs: every process constructs the Checkpointer and calls
+`save` / `latest` / `wait` at the same points (they are collective). The
+directory must be one folder every process sees (a shared filesystem): Orbax
+writes each array's shards from the processes that hold them, and the JSON
+meta from process 0 only. Moving a damaged checkpoint aside is done by
+process 0, after which every process waits for the others before reading
+the folder again.
 """
 
 from __future__ import annotations
@@ -148,8 +156,12 @@ class Checkpointer:
         while target.exists():
             n += 1
             target = self.directory / f"{step}.corrupt{n}"
-        if source.exists():
+        if source.exists() and jax.process_index() == 0:
             source.rename(target)
+        if jax.process_count() > 1:   # the others must not list the folder before the rename
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"wmrl_checkpoint_move_aside_{step}")
         self._manager.reload()
         return target
 

@@ -14,6 +14,7 @@ MODEL_PRESETS = ("micro", "qwen3.5-4b", "qwen3.5-9b")
 BENCHMARKS = ("embedded", "mle_dojo", "dsbench")
 DTYPES = ("float32", "bfloat16")
 MESH_AXES = ("data", "fsdp", "tensor")
+REMAT_POLICIES = ("dots", "full")   # the keys of models.family.REMAT_POLICIES (no jax import here)
 
 
 def _fail(field: str, value, expected: str):
@@ -61,6 +62,26 @@ def resolve_mesh(mesh, device_count: int) -> tuple[int, int, int]:
     return tuple(sizes)
 
 
+def _sandbox_backend(config) -> None:
+    """sandbox.backend is a known backend; 'ray' needs Ray importable; an address only goes with 'ray'."""
+    from sandbox.pool import BACKENDS
+
+    backend, address = _get(config, "sandbox.backend"), _get(config, "sandbox.ray_address")
+    if backend not in BACKENDS:
+        _fail("sandbox.backend", backend, f"one of {BACKENDS}")
+    if not isinstance(address, str):
+        _fail("sandbox.ray_address", address, "a string ('' = RAY_ADDRESS or a local Ray, 'auto', 'host:port')")
+    if address and backend != "ray":
+        _fail("sandbox.ray_address", address, f"'' with sandbox.backend {backend!r} (an address is for 'ray')")
+    if backend == "ray":
+        from sandbox.ray_pool import import_ray
+
+        try:
+            import_ray()
+        except ImportError as exc:
+            _fail("sandbox.backend", backend, f"Ray installed ({exc})")
+
+
 def agent_config(config):
     """The `agent.AgentConfig` of a run config (the sandbox timeout is stated in the agent's prompt)."""
     from wmrl_jax.agent import AgentConfig
@@ -85,7 +106,7 @@ def world_model_config(config):
 def validate(config, *, device_count: int | None = None) -> None:
     """Raises ValueError naming the first field of `config` that cannot run.
 
-    Checks: names (mode, preset, benchmark, dtype), that model_path and
+    Checks: names (mode, preset, benchmark, dtype, sandbox backend), that model_path and
     data_dir are folders (an empty one means the shipped micro-world / the
     embedded suite and is only valid with them), counts and ranges, and that
     the batch of groups_per_step × group_size sequences splits into
@@ -153,6 +174,7 @@ def validate(config, *, device_count: int | None = None) -> None:
     _number(config, "sandbox.timeout_s", 0.0, strict=True)
     _int(config, "sandbox.memory_mb", 64)
     _int(config, "sandbox.cpus", 1)
+    _sandbox_backend(config)
 
     _number(config, "optim.learning_rate", 0.0, strict=True)
     total = _int(config, "optim.total_steps", 1)
@@ -168,8 +190,9 @@ def validate(config, *, device_count: int | None = None) -> None:
     for field in ("kl_coef", "entropy_coef", "clip_eps"):
         _number(config, f"optim.{field}", 0.0)
     micro = _int(config, "optim.micro_batches", 1)
-    if not isinstance(_get(config, "optim.remat"), bool):
-        _fail("optim.remat", config.optim.remat, "True or False")
+    remat = _get(config, "optim.remat")
+    if not (isinstance(remat, bool) or remat in REMAT_POLICIES):
+        _fail("optim.remat", remat, f"True (= 'full'), False or one of {REMAT_POLICIES} (layer remat policies)")
     _int(config, "checkpoint.every", 1)
     _int(config, "checkpoint.max_to_keep", 1)
     _int(config, "log.every", 1)

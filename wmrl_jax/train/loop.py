@@ -23,6 +23,11 @@ Everything a resumed run needs is in the checkpoint: params, optimizer state,
 correction state, the base PRNG key, the step, the task cursor and the cost
 counters; per-step randomness is derived from (seed, step), so a run killed
 and restarted with the same command continues exactly.
+
+Multi-process runs (`launch/train.py` under a launcher, `train.multihost`):
+every process runs this same loop on the same data; sandboxes run on process
+0 only and their results are broadcast (`multihost.ProcessZeroPool`); only
+process 0 writes logs, config.json, summary.json and the exported policy.
 """
 
 from __future__ import annotations
@@ -146,6 +151,25 @@ def score_rollouts(episodes, tasks, group_size: int, anchors: np.ndarray, *, use
     return Scores(wm_r, wm_g, real_r, real_g, is_anchor, real_results, preds, times)
 
 
+def make_pool(config):
+    """The run's sandbox pool, from `config.sandbox` (backend "local" or "ray").
+
+    In a multi-process run only process 0 makes a real pool; every process
+    gets a `multihost.ProcessZeroPool` that shares process 0's results.
+    """
+    import jax
+
+    import sandbox
+    from wmrl_jax.train import multihost
+
+    s = config.sandbox
+    real = None
+    if multihost.is_primary():
+        real = sandbox.make_pool(s.backend, ray_address=s.ray_address, workers=s.workers, timeout_s=s.timeout_s,
+                                 memory_mb=s.memory_mb, cpus=s.cpus)
+    return multihost.ProcessZeroPool(real) if jax.process_count() > 1 else real
+
+
 # --------------------------------------------------------------------------- batch
 
 def make_batch(episodes, advantages: np.ndarray, weights: np.ndarray, *, width: int, pad_id: int):
@@ -185,6 +209,7 @@ class Counters:
     ungraded_real: int = 0
     ungraded_wm: int = 0
     rollouts: int = 0
+    compute_cpu_s: float = 0.0   # this process's CPU time in steps: the "accelerator" on CPU (sandboxes excluded)
 
 
 def _correction_state(rewards, debias: bool, denoise: bool):
@@ -234,6 +259,29 @@ def _step_scalars(scores: Scores, out, episodes, train_metrics: dict, counters: 
     return scalars
 
 
+def _log_pairs(path: pathlib.Path, step: int, scores: Scores, corr) -> None:
+    """Appends the step's anchor (WM, real) reward pairs, the WM rewards through the map in force after the
+    step's pushes, and that map's knots, as one JSON line (for reliability diagrams; a resumed run may repeat
+    a step: last wins)."""
+    import jax
+
+    from wmrl_jax import corrections
+
+    # The map as host arrays first: in a multi-process run the state is global (replicated) arrays, and
+    # an op on them in process 0 alone would wait for the others.
+    fitted = corrections.MonotoneMap(*(np.asarray(jax.device_get(x)) for x in corr.fitted))
+    both = scores.real_graded & scores.wm_graded & scores.is_anchor[:, None]
+    wm, real = scores.wm_rewards[both], scores.real_rewards[both]
+    calibrated = np.asarray(corrections.apply_calibration(fitted, wm)) if wm.size else wm
+    n = int(fitted.n_knots)
+    record = {"step": step, "wm": wm.round(6).tolist(), "real": real.round(6).tolist(),
+              "calibrated": np.asarray(calibrated, np.float64).round(6).tolist(), "map_fitted": bool(fitted.valid),
+              "map_x": fitted.knots_x[:n].astype(np.float64).round(6).tolist(),
+              "map_y": fitted.knots_y[:n].astype(np.float64).round(6).tolist()}
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
 def _rollout_text(episodes, scores: Scores, group_size: int, count: int) -> str:
     parts = []
     # Evenly spaced rollouts, by position (an Episode holds arrays: `list.index` would compare them).
@@ -272,6 +320,7 @@ class RunSummary:
             ("real executions", f"{c.real_executions} (mode=real would run {real_equiv})"),
             ("sandbox CPU-seconds", f"{c.sandbox_cpu_s:.0f} (mode=real: ~{per_run * real_equiv:.0f} at "
                                     f"{per_run:.1f} s a run)"),
+            ("trainer CPU-seconds", f"{c.compute_cpu_s:.0f} (sampling, world model, update)"),
             ("world-model predictions", c.wm_predictions), ("tokens generated", c.tokens_generated),
             ("ungraded rollouts (real / world model)", f"{c.ungraded_real} / {c.ungraded_wm}"),
             ("calibrated / refits", f"{self.final.get('wmrl/calibrated')} / {self.final.get('wmrl/n_fits')}"),
@@ -297,22 +346,23 @@ def train(config, *, progress: bool = True) -> RunSummary:
     import jax.numpy as jnp
     from tqdm.auto import tqdm
 
-    import sandbox
     from wmrl_jax import agent, chat, corrections, micro_world, world_model
     from wmrl_jax.evaluate import evaluate
     from wmrl_jax.models import make_mesh, save_hf
-    from wmrl_jax.train import update
+    from wmrl_jax.train import multihost, update
     from wmrl_jax.train.checkpoint import Checkpointer
     from wmrl_jax.train.config import agent_config, resolve_mesh, validate, world_model_config
     from wmrl_jax.train.metrics import SummaryWriter
 
     start = time.perf_counter()
+    primary, multi_process = multihost.is_primary(), jax.process_count() > 1
     validate(config)
     use_wm, anchors_mode, debias, denoise = MODES[config.rewards.mode]
     train_tasks = load_tasks(config, config.train_split)
     eval_tasks = load_tasks(config, config.eval_split) if config.eval_split else []
     workdir = pathlib.Path(config.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    # jax.devices() lists every process's devices: in a multi-process run the mesh spans them all.
     mesh = make_mesh(resolve_mesh(config.mesh, jax.device_count())) if jax.device_count() > 1 else None
     lm = chat.load_chat_model(config.model_path or micro_world.shipped_path(), dtype=config.dtype, mesh=mesh)
     acfg, wcfg = agent_config(config), world_model_config(config)
@@ -333,6 +383,8 @@ def train(config, *, progress: bool = True) -> RunSummary:
                                      temperature=acfg.temperature, compute_dtype=config.dtype)
     corr = _correction_state(config.rewards, debias, denoise)
     key = jax.random.key_data(jax.random.key(config.seed))
+    if multi_process:   # the same values in every process, made global arrays so Orbax can save them
+        corr, key = multihost.replicate((corr, key), mesh)
     counters, cursor_pos, first_step, meta = Counters(), 0, 0, {}
     ckpt = Checkpointer(workdir / "checkpoints", max_to_keep=config.checkpoint.max_to_keep)
     restored = ckpt.latest({"train": state, "corrections": corr, "rng": key})
@@ -340,24 +392,26 @@ def train(config, *, progress: bool = True) -> RunSummary:
         first_step, tree, meta = restored
         state, corr, key = tree["train"], tree["corrections"], tree["rng"]
         counters, cursor_pos = Counters(**meta["counters"]), meta["cursor"]
-        print(f"resumed from {workdir / 'checkpoints'} at step {first_step}")
-    (workdir / "config.json").write_text(config.to_json_best_effort(indent=1) + "\n")
+        if primary:
+            print(f"resumed from {workdir / 'checkpoints'} at step {first_step}")
+    if primary:
+        (workdir / "config.json").write_text(config.to_json_best_effort(indent=1) + "\n")
     cursor = TaskCursor(len(train_tasks), config.seed, cursor_pos)
-    writer = SummaryWriter(workdir / "tb")
-    pool = sandbox.SandboxPool(workers=config.sandbox.workers, timeout_s=config.sandbox.timeout_s,
-                               memory_mb=config.sandbox.memory_mb, cpus=config.sandbox.cpus)
+    writer = SummaryWriter(workdir / "tb") if primary else None
+    pool = make_pool(config)
     eval_attempts = config.get("eval_attempts", 8)
     try:
         eval_before = meta.get("eval_before")
         if eval_tasks and eval_attempts and eval_before is None:
             eval_before = evaluate(lm, eval_tasks, pool, config=acfg, attempts=eval_attempts,
                                    seed=seed_for(config.seed, 1 << 20)).as_dict()
-            print(f"held-out avg@{eval_attempts} before training: {eval_before['score']:.4f}")
+            if primary:
+                print(f"held-out avg@{eval_attempts} before training: {eval_before['score']:.4f}")
         final: dict = meta.get("final", {})
         bar = tqdm(range(first_step, config.steps), initial=first_step, total=config.steps, desc=config.rewards.mode,
-                   disable=not progress)
+                   disable=not (progress and primary))
         for step in bar:
-            t_step = time.perf_counter()
+            t_step, cpu_step = time.perf_counter(), time.process_time()
             tasks = [train_tasks[i] for i in cursor.take(groups)]
             anchors = {"all": np.arange(groups), "none": np.zeros(0, int)}.get(anchors_mode)
             if anchors is None:
@@ -405,6 +459,7 @@ def train(config, *, progress: bool = True) -> RunSummary:
             counters.sandbox_cpu_s += pool.stats()["cpu_s"] - cpu_before
             counters.wm_predictions += sum(not p.gated for p in scores.wm_predictions)
             counters.tokens_generated += int(sum(e.loss_mask.sum() for e in episodes))
+            counters.compute_cpu_s += time.process_time() - cpu_step
             counters.ungraded_real += int(scores.is_anchor.sum() * group_size - scores.real_graded.sum())
             if use_wm:
                 counters.ungraded_wm += len(episodes) - int(scores.wm_graded.sum())
@@ -412,8 +467,11 @@ def train(config, *, progress: bool = True) -> RunSummary:
                      **scores.times}
             final = _step_scalars(scores, out, episodes, train_metrics, counters, times)
             final["wmrl/n_fits"] = int(out.n_fits)
-            writer.scalars(step + 1, final)
-            if config.log.text_samples:
+            if writer is not None:
+                writer.scalars(step + 1, final)
+            if primary and use_wm and scores.is_anchor.any():
+                _log_pairs(workdir / "pairs.jsonl", step + 1, scores, corr)
+            if writer is not None and config.log.text_samples:
                 writer.text(step + 1, "rollouts", _rollout_text(episodes, scores, group_size, config.log.text_samples))
             bar.set_postfix(real=f"{final['reward/real_mean']:.2f}", wm=f"{final['reward/wm_calibrated_mean']:.2f}",
                             w=f"{final['wmrl/anchor_weight']:.2f}", valid=f"{final['agent/valid_rate']:.2f}",
@@ -424,10 +482,14 @@ def train(config, *, progress: bool = True) -> RunSummary:
                           {"cursor": cursor.position, "counters": dataclasses.asdict(counters),
                            "eval_before": eval_before, "final": final})
         ckpt.wait()
-        writer.flush()
+        if writer is not None:
+            writer.flush()
         export = workdir / "export"
-        model = dataclasses.replace(lm.model, params=state.params)
-        save_hf(model, export, tokenizer=lm.tokenizer)
+        # Params sharded across processes are gathered (every process takes part); process 0 writes them.
+        params = multihost.to_host(state.params) if multi_process else state.params
+        if primary:
+            save_hf(dataclasses.replace(lm.model, params=params), export, tokenizer=lm.tokenizer)
+        del params
         eval_after = None
         if eval_tasks and eval_attempts:
             eval_after = evaluate(lm, eval_tasks, pool, config=acfg, attempts=eval_attempts,
@@ -436,10 +498,12 @@ def train(config, *, progress: bool = True) -> RunSummary:
                              rollouts_per_step=groups * group_size, final=final, eval_before=eval_before,
                              eval_after=eval_after, seconds=time.perf_counter() - start, export_path=str(export),
                              workdir=str(workdir))
-        (workdir / "summary.json").write_text(json.dumps(
-            {**dataclasses.asdict(summary), "table": str(summary)}, indent=1, default=str) + "\n")
+        if primary:
+            (workdir / "summary.json").write_text(json.dumps(
+                {**dataclasses.asdict(summary), "table": str(summary)}, indent=1, default=str) + "\n")
         return summary
     finally:
         pool.close(wait=False, cancel_pending=True)
-        writer.close()
+        if writer is not None:
+            writer.close()
         ckpt.close()
