@@ -84,7 +84,7 @@ def get_base_config() -> ml_collections.ConfigDict:
         entropy_coef=0.002,       # paper
         clip_eps=0.2,             # PPO clip (inactive on-policy: one update per batch, ratio 1)
         micro_batches=1,
-        remat=True,
+        remat="full",             # layer remat: "full" (recompute each layer), "dots" (keep matmul outputs), "none"
         param_dtype="float32",    # float32 master weights: a 1e-6 Adam step is below bf16's resolution
     ))
     c.checkpoint = ml_collections.ConfigDict(dict(every=50, max_to_keep=3))

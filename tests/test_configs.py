@@ -151,3 +151,15 @@ def test_resolve_mesh():
         resolve_mesh({"data": -1, "fsdp": -1, "tensor": 1}, 8)
     with pytest.raises(ValueError, match=r"config.mesh: .*product is the 8 devices"):
         resolve_mesh({"data": 2, "fsdp": 2, "tensor": 1}, 8)
+
+
+@pytest.mark.parametrize("value,policy", [("full", "full"), ("dots", "dots"), ("none", None)])
+def test_remat_policy_from_the_command_line(model_dir, value, policy):
+    from wmrl_jax.train.config import remat_policy
+
+    config = runnable("tiny_cpu", model_dir, f"--config.optim.remat={value}")
+    validate(config, device_count=1)
+    assert remat_policy(config.optim.remat) == policy
+    assert remat_policy(True) == "full" and remat_policy(False) is None   # Python callers may pass a bool
+    with pytest.raises(ValueError, match=r"config.optim.remat: 'some', expected 'none', 'dots', 'full'"):
+        remat_policy("some")

@@ -30,12 +30,7 @@ def small_config(workdir, **overrides):
     c.checkpoint.every = 1
     c.log.text_samples = 1
     c.rewards.min_pairs, c.rewards.refit_every, c.rewards.warmup = 4, 2, 1
-    for key, value in overrides.items():
-        node = c
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
+    c.update_from_flattened_dict(overrides)   # dotted keys: {"rewards.mode": "real"}
     return c
 
 

@@ -47,6 +47,17 @@ def _get(config, field: str):
     return value
 
 
+def remat_policy(value) -> str | None:
+    """`optim.remat` as a layer remat policy: "none" (or False) -> None, "full" (or True), "dots"."""
+    if isinstance(value, bool):
+        return "full" if value else None
+    if value == "none":
+        return None
+    if value not in REMAT_POLICIES:
+        _fail("optim.remat", value, f"'none', {', '.join(repr(p) for p in REMAT_POLICIES)} (or True / False)")
+    return value
+
+
 def resolve_mesh(mesh, device_count: int) -> tuple[int, int, int]:
     """(data, fsdp, tensor) sizes for `device_count` devices; one axis may be -1 ("the rest of the devices")."""
     sizes = [mesh[k] for k in MESH_AXES]
@@ -190,9 +201,7 @@ def validate(config, *, device_count: int | None = None) -> None:
     for field in ("kl_coef", "entropy_coef", "clip_eps"):
         _number(config, f"optim.{field}", 0.0)
     micro = _int(config, "optim.micro_batches", 1)
-    remat = _get(config, "optim.remat")
-    if not (isinstance(remat, bool) or remat in REMAT_POLICIES):
-        _fail("optim.remat", remat, f"True (= 'full'), False or one of {REMAT_POLICIES} (layer remat policies)")
+    remat_policy(_get(config, "optim.remat"))
     _int(config, "checkpoint.every", 1)
     _int(config, "checkpoint.max_to_keep", 1)
     _int(config, "log.every", 1)

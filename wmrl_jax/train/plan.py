@@ -423,7 +423,7 @@ def plan(config, devices: int, *, prompt_tokens: int | None = None, wm_prompt_to
     `programs`: which of "train", "sample" (the agent's sampler), "wm" (the
     world model's sampler) to compile; a phase left out is not in `phases`.
     """
-    from wmrl_jax.train.config import agent_config, resolve_mesh, world_model_config
+    from wmrl_jax.train.config import agent_config, remat_policy, resolve_mesh, world_model_config
 
     unknown = set(programs) - {"train", "sample", "wm"}
     if unknown:
@@ -474,7 +474,7 @@ def plan(config, devices: int, *, prompt_tokens: int | None = None, wm_prompt_to
             # Its arguments are params already counted as resident, and a few [rows, prompt] arrays.
             phases[name] = everything + (p.arguments - params_in) + p.outputs - p.aliased + p.temporaries
     return Plan(label=label or config.model_preset, devices=devices, mesh=sizes, micro_batches=micro,
-                remat=bool(config.optim.remat), n_params=n_params, shapes=shapes, resident=resident, kv_cache=kv,
+                remat=remat_policy(config.optim.remat) is not None, n_params=n_params, shapes=shapes, resident=resident, kv_cache=kv,
                 programs=out, phases=phases, train_tokens=shapes.batch * shapes.train_width)
 
 
@@ -551,7 +551,7 @@ def knob_candidates(config, devices: int, failing: set) -> list[tuple[str, Any, 
     which shards activations by heads / MLP width and the KV cache by KV
     heads (with micro-batches raised to keep one sequence a device).
     """
-    from wmrl_jax.train.config import resolve_mesh
+    from wmrl_jax.train.config import remat_policy, resolve_mesh
 
     data, fsdp, tensor = resolve_mesh(config.mesh, devices)
     batch = config.rollout.groups_per_step * config.rollout.group_size
@@ -559,13 +559,7 @@ def knob_candidates(config, devices: int, failing: set) -> list[tuple[str, Any, 
 
     def variant(**changes):
         c = copy.deepcopy(config)
-        with c.unlocked() if hasattr(c, "unlocked") else _nullcontext():
-            for key, value in changes.items():
-                node = c
-                *path, leaf = key.split(".")
-                for part in path:
-                    node = node[part]
-                node[leaf] = value
+        c.update_from_flattened_dict(changes)  # dotted keys; a locked config still takes existing ones
         return c
 
     if "train" in failing:
@@ -573,8 +567,8 @@ def knob_candidates(config, devices: int, failing: set) -> list[tuple[str, Any, 
         if batch % (2 * micro) == 0 and (batch // (2 * micro)) % (data * fsdp) == 0:
             out.append((f"optim.micro_batches {micro} -> {2 * micro}", variant(**{"optim.micro_batches": 2 * micro}),
                         False))
-        if not config.optim.remat:
-            out.append(("optim.remat False -> True", variant(**{"optim.remat": True}), False))
+        if remat_policy(config.optim.remat) != "full":
+            out.append((f"optim.remat {config.optim.remat} -> full", variant(**{"optim.remat": "full"}), False))
     # Trade data/fsdp for tensor parallelism: shards activations (heads, MLP) and the KV cache by heads.
     if fsdp > 1 and fsdp % 2 == 0 or data > 1 and data % 2 == 0:
         new_data, new_fsdp = (data, fsdp // 2) if fsdp > 1 and fsdp % 2 == 0 else (data // 2, fsdp)
@@ -590,14 +584,6 @@ def knob_candidates(config, devices: int, failing: set) -> list[tuple[str, Any, 
                     variant(**{"mesh.data": new_data, "mesh.fsdp": new_fsdp, "mesh.tensor": tensor * 2,
                                "optim.micro_batches": micro}), True))
     return out
-
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 __all__ = ["FlopCount", "GIB", "PAPER_GPU_HOURS", "Plan", "Program", "Shapes", "analytic_flops", "decode_floor_s",

@@ -308,7 +308,7 @@ class TrainStep:
 
 
 def make_train_step(family, model_config, optimizer: optax.GradientTransformation, *, kl_coef: float,
-                    entropy_coef: float, clip_eps: float, micro_batches: int = 1, remat: bool | str = True, mesh=None,
+                    entropy_coef: float, clip_eps: float, micro_batches: int = 1, remat: bool | str | None = True, mesh=None,
                     temperature: float = 1.0, compute_dtype=None, logprob_chunk: int = 128) -> TrainStep:
     """The GRPO update as one jitted call (see the module docstring for the math).
 
@@ -345,8 +345,9 @@ def make_train_step(family, model_config, optimizer: optax.GradientTransformatio
     for name, value in (("kl_coef", kl_coef), ("entropy_coef", entropy_coef), ("clip_eps", clip_eps)):
         if not (isinstance(value, (int, float)) and 0 <= value < float("inf")):
             raise ValueError(f"{name}: {value!r}, expected a finite number >= 0")
+    remat = False if remat in (None, "none") else remat
     if not (isinstance(remat, bool) or (isinstance(remat, str) and remat in REMAT_POLICIES)):
-        raise ValueError(f"remat: {remat!r}, expected True, False or one of {sorted(REMAT_POLICIES)}")
+        raise ValueError(f"remat: {remat!r}, expected True, False, 'none' or one of {sorted(REMAT_POLICIES)}")
     remat_policy = ("full" if remat else None) if isinstance(remat, bool) else remat
     param_axes = family.param_axes(model_config)
     logprobs_kw = dict(temperature=temperature, chunk=logprob_chunk)
