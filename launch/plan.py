@@ -92,7 +92,7 @@ def print_plan(p, hbm_bytes: float) -> None:
     print(f"prompts: the agent's first {s.prompt_tokens} tokens, the world model's {s.wm_prompt_raw} "
           f"({'given' if _PROMPT.value else f'estimated from the character caps at {_CPT.value} chars/token'})")
     print("per-device memory, GiB (XLA:CPU memory analysis of the partitioned programs):")
-    print("  resident all step")
+    print("  resident (all step; the policy copy while sampling)")
     for name, value in p.resident.items():
         print(f"    {name:44s}{_gib(value)}")
     print(f"  {'program':10s}{'arguments':>10s}{'outputs':>9s}{'aliased':>9s}{'temps':>9s}{'KV cache':>10s}"

@@ -439,6 +439,9 @@ def train(config, *, progress: bool = True) -> RunSummary:
                 jax.tree.map(lambda x: x.astype(config.dtype), state.params)   # sample in the model's dtype
             episodes = agent.run_episodes(lm, tasks, group_size, config=acfg, feedback=feedback,
                                           seed=seed_for(config.seed, step, 3), params=policy)
+            # The bf16 sampling copy is not needed past here: freed before the final world-model scoring and
+            # the update, so neither holds it next to its own temporaries (train.plan's phase accounting).
+            del policy
             t_sample = time.perf_counter() - t0
             cpu_before = pool.stats()["cpu_s"]
             scores = score_rollouts(episodes, tasks, group_size, anchors, use_wm=use_wm, lm=lm, wm_config=wcfg,

@@ -19,9 +19,11 @@ From each compiled program it reads XLA's memory analysis (arguments,
 outputs, aliased, temporaries; bytes per device) and cost analysis, and from
 each traced program it counts matmul FLOPs on the jaxpr (`matmul_flops`).
 The loop runs the three one after another on the same devices, with the
-train state, the frozen copy and (when masters are float32) the policy's
-bf16 copy resident throughout, so the peak of a phase is what is resident
-plus that program's own outputs and temporaries (`Plan.phases`).
+train state and the frozen copy resident throughout and (when masters are
+float32) the policy's bf16 copy alive while the agent samples (the world
+model's calls between turns included); the loop deletes it before the
+update. The peak of a phase is what is resident in it plus that program's
+own outputs and temporaries (`Plan.phases`).
 
 What the two FLOP counts are (measured, `tests/test_plan.py`):
 
@@ -64,6 +66,7 @@ GIB = 2**30  # HBM sizes as nvidia-smi counts them: an "80 GB" A100 holds 80 GiB
 PAPER_GPU_HOURS = {"qwen3.5-4b": {"wmrl": 286, "real": 883}, "qwen3.5-9b": {"wmrl": 349, "real": 1174}}
 A100_BF16_TFLOPS = 312.0   # dense bf16 peak of the paper's accelerator
 A100_HBM_TBPS = 2.04       # A100-80GB HBM2e bandwidth
+POLICY_COPY = "policy copy in the model dtype (sampling only)"
 
 
 # --------------------------------------------------------------------------- counting
@@ -392,7 +395,7 @@ class Plan:
     remat: bool
     n_params: int
     shapes: Shapes
-    resident: dict          # what stays in HBM all step: name -> bytes per device
+    resident: dict          # what stays in HBM (all step, or, the policy copy, while sampling): name -> bytes
     kv_cache: dict          # "agent" / "world model": cache bytes per device (inside that sampler's temporaries)
     programs: dict          # name -> Program
     phases: dict            # name -> peak bytes per device
@@ -448,9 +451,10 @@ def plan(config, devices: int, *, prompt_tokens: int | None = None, wm_prompt_to
         out["train"] = compile_train(config, family, model_config, mesh, shapes, optimizer, state, ref)
     policy = ref if config.optim.param_dtype == config.dtype else None
     if policy is None:
-        # The loop samples with `policy = state.params.astype(dtype)`: a second bf16 copy, alive through the step.
+        # The loop samples with `policy = state.params.astype(dtype)`: a second bf16 copy, alive while the agent
+        # samples (and the world model answers between turns); deleted before the update.
         policy = _param_shapes(family, model_config, config.dtype, mesh)
-        resident["policy copy in the model dtype (sampling)"] = device_bytes(policy)
+        resident[POLICY_COPY] = device_bytes(policy)
     if "sample" in programs:
         a = agent_config(config)
         out["sample"], kv["agent"] = compile_sampler("sample", config, family, model_config, mesh, policy,
@@ -465,8 +469,8 @@ def plan(config, devices: int, *, prompt_tokens: int | None = None, wm_prompt_to
     phases = {}
     if "train" in out:
         p = out["train"]
-        # Its arguments are the state, the frozen copy and the batch; the policy copy is resident besides.
-        phases["train"] = p.peak + resident.get("policy copy in the model dtype (sampling)", 0)
+        # Its arguments are the state, the frozen copy and the batch; the policy copy is gone (loop.train).
+        phases["train"] = p.peak
     for name in ("sample", "wm"):
         if name in out:
             p = out[name]
