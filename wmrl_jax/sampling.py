@@ -138,6 +138,11 @@ def choose_tokens(
     return ids.astype(jnp.int32), logp
 
 
+# Prompts longer than this are prefilled in chunks of it (`sample(prefill_chunk=)`): a power of two, so that
+# it divides `generate`'s bucketed widths above it.
+PREFILL_CHUNK = 4096
+
+
 def _default_cache_dtype(params: Params) -> Any:
     """The dtype of the largest floating leaf: the matmul dtype (norms may stay f32)."""
     leaves = [x for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)]
@@ -162,6 +167,7 @@ def sample(
     cache_dtype: Any = None,
     mesh: Any = None,
     decode_layout: bool | None = None,
+    prefill_chunk: int | None = PREFILL_CHUNK,
 ) -> SampleOutput:
     """Samples up to `max_new_tokens` continuations of a left-padded batch of prompts.
 
@@ -198,6 +204,13 @@ def sample(
         (the Qwen3 bench model: 96 -> ~70 ms a step with it), while GPU/TPU
         XLA reads the slices in place and the layout would hold a second copy
         of the weights during sampling.
+      prefill_chunk: a prompt longer than this many tokens (static) is
+        prefilled in chunks of it, one `family.forward` into the cache per
+        chunk under a `lax.scan` (the cache's write index moves on), so the
+        prefill's activations are those of one chunk, not of the whole
+        prompt (at the paper's caps, a 32,768-token last turn). P must then
+        be a multiple of it (`generate`'s power-of-two widths are). None:
+        the whole prompt at once. Same result up to float rounding.
 
     Returns:
       SampleOutput with [B, N] tokens / logprobs and [B] lengths / finished.
@@ -221,7 +234,24 @@ def sample(
         cache = jax.lax.with_sharding_constraint(cache, _cache_sharding(family, config, mesh, cache))
     valid = valid.astype(bool)
     positions = positions_from_valid(valid)
-    hidden, cache = family.forward(params, config, tokens.astype(jnp.int32), positions, valid, cache)
+    tokens = tokens.astype(jnp.int32)
+    if prefill_chunk is None or prompt_len <= prefill_chunk:
+        hidden, cache = family.forward(params, config, tokens, positions, valid, cache)
+    else:
+        if prompt_len % prefill_chunk:
+            raise ValueError(f"prefill_chunk: {prefill_chunk} does not divide the prompt width {prompt_len}; expected "
+                             f"a divisor (e.g. a power of two: generate buckets widths to powers of two) or None")
+        chunks = prompt_len // prefill_chunk
+
+        def by_chunk(x):   # [B, P] -> [P / chunk, B, chunk]
+            return x.reshape(batch, chunks, prefill_chunk).swapaxes(0, 1)
+
+        def prefill(cache, xs):
+            hidden, cache = family.forward(params, config, *xs, cache)
+            return cache, hidden[:, -1:]
+
+        cache, last = jax.lax.scan(prefill, cache, (by_chunk(tokens), by_chunk(positions), by_chunk(valid)))
+        hidden = last[-1]
     cache = grow_cache(family.cache_axes(config), cache, prompt_len + max_new_tokens)
     logits = family.unembed(params, config, hidden[:, -1:])[:, 0]
     if decode_layout is None:
@@ -280,6 +310,7 @@ _SAMPLE_STATIC = (
     "cache_dtype",
     "mesh",
     "decode_layout",
+    "prefill_chunk",
 )
 
 # Compiled once per (shapes, static knobs); `generate` buckets shapes to keep that set small.
