@@ -188,8 +188,8 @@ def try_knobs(config, first, hbm: float, kw: dict):
     else:
         print(f"  still does not fit after {_MAX_TRIES.value} knobs (--max_tries)")
     print("  what else would (no knob of this code): fewer tokens a sequence (agent.max_turns, "
-          "agent.max_new_tokens); more devices; sampling fewer rows at a time; an attention backward that "
-          "recomputes its key blocks (flash-style); optimizer-state offload to host memory")
+          "agent.max_new_tokens); more devices; sampling fewer rows at a time; optimizer-state offload to host "
+          "memory")
     return current_plan, tries
 
 

@@ -247,7 +247,7 @@ def test_bad_input_names_the_field():
         step(state, None, update.Batch(**{**good.__dict__, "valid": good.valid.astype(np.int64)}))
     with pytest.raises(ValueError, match="micro_batches: 0"):
         update.make_train_step(family, config, adamw(), micro_batches=0, **mk)
-    with pytest.raises(ValueError, match=r"remat: 'layers', expected True, False or one of \['dots', 'full'\]"):
+    with pytest.raises(ValueError, match=r"remat: 'layers', expected True, False, 'none' or one of \['dots', 'full'\]"):
         update.make_train_step(family, config, adamw(), remat="layers", **mk)
     # config.validate names the same policies (it imports no jax).
     assert train_config.REMAT_POLICIES == tuple(sorted(REMAT_POLICIES)) == ("dots", "full")

@@ -227,20 +227,23 @@ def sample(
         return jnp.any(ids[:, None] == eos[None, :], axis=-1) if eos.size else jnp.zeros(ids.shape, bool)
 
     dtype = _default_cache_dtype(params) if cache_dtype is None else cache_dtype
-    # Prefill into a cache of the prompt's length (its attention reads P
-    # slots, not P + N), then grow the cache for the decode loop.
-    cache = family.init_cache(config, batch, prompt_len, dtype)
+    chunked = prefill_chunk is not None and prompt_len > prefill_chunk
+    if chunked and prompt_len % prefill_chunk:
+        raise ValueError(f"prefill_chunk: {prefill_chunk} does not divide the prompt width {prompt_len}; expected "
+                         f"a divisor (e.g. a power of two: generate buckets widths to powers of two) or None")
+    # One prefill: into a cache of the prompt's length (its attention reads P slots, not P + N), then grown for
+    # the decode loop. In chunks: into the decode loop's P + N slots at once (the blocked attention visits no key
+    # block past a chunk's last slot), so that no second, grown copy of a long prompt's cache is ever made.
+    cache = family.init_cache(config, batch, prompt_len + max_new_tokens if chunked else prompt_len, dtype)
     if mesh is not None:
         cache = jax.lax.with_sharding_constraint(cache, _cache_sharding(family, config, mesh, cache))
     valid = valid.astype(bool)
     positions = positions_from_valid(valid)
     tokens = tokens.astype(jnp.int32)
-    if prefill_chunk is None or prompt_len <= prefill_chunk:
+    if not chunked:
         hidden, cache = family.forward(params, config, tokens, positions, valid, cache)
+        cache = grow_cache(family.cache_axes(config), cache, prompt_len + max_new_tokens)
     else:
-        if prompt_len % prefill_chunk:
-            raise ValueError(f"prefill_chunk: {prefill_chunk} does not divide the prompt width {prompt_len}; expected "
-                             f"a divisor (e.g. a power of two: generate buckets widths to powers of two) or None")
         chunks = prompt_len // prefill_chunk
 
         def by_chunk(x):   # [B, P] -> [P / chunk, B, chunk]
@@ -252,7 +255,6 @@ def sample(
 
         cache, last = jax.lax.scan(prefill, cache, (by_chunk(tokens), by_chunk(positions), by_chunk(valid)))
         hidden = last[-1]
-    cache = grow_cache(family.cache_axes(config), cache, prompt_len + max_new_tokens)
     logits = family.unembed(params, config, hidden[:, -1:])[:, 0]
     if decode_layout is None:
         decode_layout = jax.default_backend() == "cpu"

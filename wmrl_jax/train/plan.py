@@ -66,7 +66,7 @@ GIB = 2**30  # HBM sizes as nvidia-smi counts them: an "80 GB" A100 holds 80 GiB
 PAPER_GPU_HOURS = {"qwen3.5-4b": {"wmrl": 286, "real": 883}, "qwen3.5-9b": {"wmrl": 349, "real": 1174}}
 A100_BF16_TFLOPS = 312.0   # dense bf16 peak of the paper's accelerator
 A100_HBM_TBPS = 2.04       # A100-80GB HBM2e bandwidth
-POLICY_COPY = "policy copy in the model dtype (sampling only)"
+POLICY_COPY = "policy copy, model dtype (sampling only)"
 
 
 # --------------------------------------------------------------------------- counting
