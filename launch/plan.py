@@ -216,10 +216,18 @@ def main(argv):
     final = first
     if not first.fits(hbm) and _KNOBS.value:
         final, tries = try_knobs(config, first, hbm, kw)
+    final_floor = None
+    if final is not first and "agent" in final.kv_cache:
+        final_floor = planlib.decode_floor_s(model_config, final.n_params, final.shapes, final, _HBM_BW.value,
+                                             _LINK.value)
+        print(f"  on the final mesh the agent's decode is at least {final_floor['floor_s']:,.0f} s a step (HBM "
+              f"{final_floor['hbm_s']:,.0f} s, fsdp all-gathers {final_floor['link_s']:,.0f} s), i.e. >= "
+              f"{final_floor['floor_s'] * final.devices * config.steps / 3600:,.0f} accelerator-hours over "
+              f"{config.steps} steps at the caps")
     print(f"\nplanned in {time.perf_counter() - start:.0f} s (model from {source})")
     if _JSON.value:
         out = {"config": config.to_dict(), "hbm_usable_bytes": hbm, "plan": first.as_dict(), "fits": first.fits(hbm),
-               "flops": a, "hours": hours, "tries": tries, "final_fits": final.fits(hbm),
+               "flops": a, "hours": hours, "tries": tries, "final_fits": final.fits(hbm), "final_decode_floor": final_floor,
                "mfu": _MFU.value, "peak_tflops": _PEAK.value}
         with open(_JSON.value, "w") as f:
             json.dump(out, f, indent=1, default=str)
