@@ -30,8 +30,11 @@ sharded over ("data", "fsdp"). The step is jitted once with the state donated.
 Memory. The policy's forward runs with layer remat (`remat=True`, the
 "full" policy of `models.family.REMAT_POLICIES`): each scanned layer is a
 `jax.checkpoint`, so the backward holds one [B, T, D] residual per layer and
-recomputes one layer at a time, at the cost of one more forward. The LM head
-is chunked and checkpointed by `token_logprobs`; micro-batches bound B.
+recomputes one layer at a time, at the cost of one more forward. Inside a
+full-attention layer the blocked attention's own backward recomputes its
+score blocks (`models.blocked_attention`, a custom VJP), so no [T, T] scores
+are kept. The LM head is chunked and checkpointed by `token_logprobs`;
+micro-batches bound B.
 Measured (XLA's temporaries of the compiled step, CPU): the micro-world
 policy (4 layers, width 256) at B=8, T=512: 1294 MiB without remat, 525 MiB
 "full", 572 MiB "dots"; compiled in 65, 49 and 50 s (one run each, on a loaded
