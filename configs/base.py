@@ -102,12 +102,14 @@ def get_paper_config(preset: str, benchmark: str) -> ml_collections.ConfigDict:
     c.benchmark = benchmark
     c.data_dir = f"/path/to/{benchmark.replace('_', '-')}"  # placeholder: --config.data_dir=...
     c.workdir = f"/tmp/wmrl/{benchmark}_{size.lower()}"
-    # FSDP over all 8 GPUs: f32 master weights + Adam moments are 12 bytes a parameter (108 GB for 9B,
-    # 48 GB for 4B), more than one 80 GB A100 holds next to activations; sharding them 8 ways costs one
-    # all-gather per layer, no tensor-parallel all-reduces. More GPUs add data-parallel replicas (data=-1).
-    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = -1, 8, 1
-    # 64 sequences of up to 4 turns x (4096 reply + 1024 observation) tokens + a ~3k-token prompt: ~24k
-    # tokens each. 8 micro-batches of 8 = one sequence per GPU at a time (the most the fsdp=8 batch split
-    # allows); its activations are what must fit next to the sharded state.
-    c.optim.micro_batches = 8
+    # f32 master weights + Adam moments are 12 bytes a parameter (108 GB for 9B, 48 GB for 4B), more than
+    # one 80 GB A100 holds next to activations, so they are sharded over fsdp x tensor = 8 GPUs. 64 sequences
+    # of up to 4 turns x (4096 reply + 1024 observation) tokens + a ~3k-token prompt: ~23k tokens each. At
+    # fsdp 8 (one sequence a GPU at a time) the update's activations do not fit next to the state
+    # (`launch/plan.py`: 86 GiB a device for 4B, 112 GiB for 9B); the tensor axis shards them by heads and
+    # MLP columns, so the planner's fitting layouts are the defaults: one sequence per fsdp shard at a time
+    # (micro-batches of 64 / micro = fsdp sequences). More GPUs add data-parallel replicas (data=-1).
+    fsdp, tensor = {"4B": (4, 2), "9B": (2, 4)}[size]
+    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = -1, fsdp, tensor
+    c.optim.micro_batches = 64 // fsdp   # 4B: 16, 9B: 32
     return c

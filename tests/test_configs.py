@@ -101,7 +101,7 @@ def test_paper_configs_validate_once_given_real_folders(name, model_dir):
         validate(load(name), device_count=8)
     with pytest.raises(ValueError, match=r"config.data_dir: '/path/to/"):
         validate(load(name, f"--config.model_path={model_dir / 'model'}"), device_count=8)
-    validate(runnable(name, model_dir), device_count=8)      # data 1 x fsdp 8, 8 micro-batches of 8
+    validate(runnable(name, model_dir), device_count=8)      # 4B: fsdp 4 x tensor 2, 16 micro-batches of 4
 
 
 @pytest.mark.parametrize("overrides, device_count, pattern", [
@@ -128,11 +128,20 @@ def test_validate_names_the_field(model_dir, overrides, device_count, pattern):
 
 
 def test_batch_layout_on_16_devices(model_dir):
-    """64 sequences, fsdp 8 on 16 devices -> data 2: 8 micro-batches of 8 cannot split 16 ways, 4 of 16 can."""
-    with pytest.raises(ValueError, match=r"micro-batches of 64 / 8 = 8 sequences divisible by the mesh's "
-                                         r"data x fsdp = 2 x 8"):
+    """9B: 64 sequences, fsdp 2 x tensor 4 on 16 devices -> data 2: 32 micro-batches of 2 cannot split
+    data x fsdp = 4 ways, 16 of 4 can."""
+    with pytest.raises(ValueError, match=r"micro-batches of 64 / 32 = 2 sequences divisible by the mesh's "
+                                         r"data x fsdp = 2 x 2"):
         validate(runnable("mle_dojo_9b", model_dir), device_count=16)
-    validate(runnable("mle_dojo_9b", model_dir, "--config.optim.micro_batches=4"), device_count=16)
+    validate(runnable("mle_dojo_9b", model_dir, "--config.optim.micro_batches=16"), device_count=16)
+
+
+@pytest.mark.parametrize("name,mesh,micro", [("mle_dojo_4b", (-1, 4, 2), 16), ("mle_dojo_9b", (-1, 2, 4), 32),
+                                             ("dsbench_4b", (-1, 4, 2), 16), ("dsbench_9b", (-1, 2, 4), 32)])
+def test_paper_configs_default_to_the_planners_fitting_layout(name, mesh, micro):
+    """The layouts `launch/plan.py` shows fit 8 x 80 GB at the paper's caps (README, Scaling)."""
+    c = load(name)
+    assert (c.mesh.data, c.mesh.fsdp, c.mesh.tensor) == mesh and c.optim.micro_batches == micro
 
 
 def test_empty_model_path_needs_the_built_micro_world(model_dir, monkeypatch):

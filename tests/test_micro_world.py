@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -83,24 +84,81 @@ def test_corpora_come_from_train_tasks_only():
 
 
 def test_normalised_solutions_behave_like_the_logged_ones():
-    """The agent corpus's rewrite (generic TARGETS line, imports next to the model) changes no outcome."""
+    """The corpus's rewrite (choices moved to the top, generic TARGETS line, no comments) changes no outcome.
+
+    One reference solution per train task (a scaled pipeline where there is one) and one failed run of
+    each kind the world model trains on: the rewritten script, run again, gives the logged status and score.
+    """
     log = suite.execution_log("train")
     picks = {}
-    for e in log:   # one reference solution per task, a pipeline (three imports) where there is one
-        if e["origin"] == "reference" and (e["task"] not in picks or "make_pipeline" in e["code"]):
+    for e in log:   # one reference solution per task, a pipeline where there is one
+        if e["origin"] == "reference" and (e["task"] not in picks or "make_pipeline(" in e["code"]):
             picks[e["task"]] = e
+    failed = {}   # one failed run of each kind the world model trains on
+    for e in log:
+        if e["status"] in ("runtime_err", "ran_no_sub"):
+            failed.setdefault(e["label"], e)
+    failed = list(failed.values())
+    rows = {row["name"]: row for row in suite.manifest()["tasks"]}
     tasks = {p.name: sandbox.load_task(p) for p in suite.list_tasks("train")}
-    codes = [micro_world.normalise_solution(e["code"]) for e in picks.values()]
-    for code in codes:
-        assert micro_world.GENERIC_TARGETS in code and "Reference solution" not in code
+    entries = list(picks.values()) + failed
+    codes = [micro_world.normalise_solution(e["code"], rows[e["task"]]["targets"]) for e in entries]
+    for e, code in zip(picks.values(), codes):
+        assert micro_world.GENERIC_TARGETS in code and "Reference solution" not in code and "\n#" not in code
         lines = code.splitlines()
         model = next(i for i, line in enumerate(lines) if line.startswith("model = "))
-        assert lines[model - 1].startswith(("from sklearn", "import sklearn"))
+        header = "\n".join(lines[:model])
+        assert "DATA_DIR" not in header and all(i in header for i in micro_world.PIPELINE_IMPORTS)
+        assert f"from sklearn import {', '.join(micro_world.SKLEARN_MODULES)}" in header
+        # The estimator is named once, module-qualified, on the model line.
+        assert re.search(r"(?<![\w.])(" + "|".join(micro_world.SKLEARN_MODULES) + r")\.\w+\(", lines[model])
+        assert not re.search(r"^from sklearn\.(?!pipeline|preprocessing)", code, re.M)
+    assert any('TARGETS = ["target"]' in c for c in codes), "a wrong target literal is kept, not made generic"
     with sandbox.SandboxPool(workers=2, timeout_s=120, cache=False) as pool:
-        results = pool.map([(tasks[e["task"]], c) for e, c in zip(picks.values(), codes)])
-    for e, r in zip(picks.values(), results):
-        assert r.status == e["status"], (e["task"], r.feedback)
-        assert r.raw_score == pytest.approx(e["raw_score"], rel=1e-9), e["task"]
+        results = pool.map([(tasks[e["task"]], c) for e, c in zip(entries, codes)])
+    for e, r in zip(entries, results):
+        assert r.status == e["status"], (e["task"], e["label"], r.feedback)
+        if e["status"] == "valid":
+            assert r.raw_score == pytest.approx(e["raw_score"], rel=1e-9), e["task"]
+
+
+def test_agent_replies_state_the_task_type_before_the_model():
+    agent_eps, _ = micro_world.corpora(CONFIG)
+    rows = {row["name"]: row for row in suite.manifest()["tasks"]}
+    for name, messages, reply in agent_eps[::25]:
+        category = rows[name]["category"]
+        assert f"This is a {category} task." in messages[1]["content"]
+        # the last words before the reply
+        assert messages[1]["content"].endswith(f"\n\nTask type: {category}; metric: {rows[name]['metric']}.")
+        plan = reply.splitlines()[0]
+        assert plan.startswith(f"Plan: {category} task; fit "), plan
+        model_call = next(line for line in reply.splitlines() if line.startswith("model = "))
+        estimator = plan.split("; fit ", 1)[1].split("(", 1)[0]
+        assert f"{estimator}(" in model_call, (plan, model_call)
+        regressor = any(m in plan for m in ("Regressor(", "LinearRegression(", "Ridge(", "Lasso(", "ElasticNet("))
+        assert regressor == category.endswith("regression"), plan
+
+
+def test_rule_examples_teach_type_to_estimator_and_plan_to_code():
+    """The rule corpus: every task type and metric of the suite's table, no task's data, plan == code."""
+    from sandbox.suite.metrics import METRICS
+
+    rules = micro_world.rule_examples(400, seed=1)
+    text = "\n".join(p + r for p, r, _ in rules)
+    assert not any(spec.name in text or spec.title in text for spec in suite.TASKS)
+    seen = set()
+    for prompt, reply, kind in rules:
+        category, metric = re.search(r"Task type: (.+); metric: (\w+)\.<\|im_end\|>", prompt).groups()
+        seen.add(metric)
+        plan, model_line, predict_line = reply.splitlines()[0], reply.splitlines()[-2], reply.splitlines()[-1]
+        assert plan.startswith(f"Plan: {category} task; fit ") and kind == "rule"
+        assert plan.endswith(f"submit {micro_world.SUBMIT[METRICS[metric].kind]}.")
+        estimator = plan.split("; fit ", 1)[1].split("(", 1)[0]
+        assert model_line.startswith("model = ") and f"{estimator}(" in model_line
+        assert ("Classifier(" in model_line or "Regression(C" in model_line or "GaussianNB" in model_line
+                or "LinearDiscriminantAnalysis" in model_line) == (category == "classification"), model_line
+        assert predict_line.startswith("predict = ")
+    assert seen == set(METRICS)
 
 
 def test_rebuild_reproduces_the_first_steps(tmp_path):
@@ -113,20 +171,19 @@ def test_rebuild_reproduces_the_first_steps(tmp_path):
     shipped = json.loads((SHIPPED / micro_world.BUILD_LOG).read_text())
     rebuilt = json.loads((out / micro_world.BUILD_LOG).read_text())
     assert rebuilt["planned_steps"] == shipped["planned_steps"] and rebuilt["width"] == shipped["width"]
-    for key in ("reply_nll", "prompt_nll"):
+    for key in ("reply_nll", "prompt_nll", "rule_nll"):
         if rebuilt["cpu"] == shipped["cpu"]:
             assert rebuilt[key] == shipped[key][:2], key       # bit for bit on the machine that built it
         else:   # another CPU may pick other XLA kernels: equal to float32 rounding
             np.testing.assert_allclose(rebuilt[key], shipped[key][:2], rtol=1e-5, err_msg=f"{key} on {rebuilt['cpu']}")
 
 
-def test_sampled_solutions_on_held_out_tasks_often_run_valid(lm, heldout):
-    """The base model writes runnable code on tasks it never saw, of mixed quality.
+def test_sampled_solutions_on_held_out_tasks_run_valid_with_mixed_quality(lm, heldout):
+    """The base model writes runnable code on tasks it never saw (issue #14: >= 60 % valid on each
+    held-out task), of mixed quality: the valid ones rank from the bottom to the top of the leaderboards.
 
-    8 samples a task at the shipped sampling settings (seed 0): 4, 7, 3 and 0 valid when this build
-    shipped (44 %). Issue #14 asks >= 60 % on each held-out task; this build does not reach it
-    (wide_linear_signal: the model fits classifiers to its continuous target), so the test holds
-    the measured level, not the goal.
+    8 samples a task at the shipped sampling settings (seed 0). Measured when this build shipped: see
+    the build's note (64 samples a task: the figure the issue asks for).
     """
     per_task = 8
     one_turn = dataclasses.replace(CONFIG.agent, max_turns=1)
@@ -135,9 +192,12 @@ def test_sampled_solutions_on_held_out_tasks_often_run_valid(lm, heldout):
         results = pool.map([(heldout[e.task_index], e.solution or "") for e in episodes])
     valid = {t.name: [r.status for r in results[b * per_task:(b + 1) * per_task]].count("valid")
              for b, t in enumerate(heldout)}
-    assert sum(valid.values()) / len(results) >= 0.35, valid
-    assert sum(v > 0 for v in valid.values()) >= 3, valid
-    assert any(r.status != "valid" for r in results), "mixed quality expected, not a perfect writer"
+    assert all(v >= 0.6 * per_task for v in valid.values()), valid
+    positions = [r.position_score for r in results if r.status == "valid"]
+    assert max(positions) - min(positions) >= 0.5, positions
+    models = {next((line for line in e.solution.splitlines() if line.startswith("model = ")), None)
+              for e in episodes if e.solution}
+    assert len(models) >= 8, models   # not one template: many estimators and settings
 
 
 def test_world_model_answers_parse_on_held_out_logged_solutions(lm, heldout):

@@ -164,10 +164,23 @@ def system_prompt(config: AgentConfig) -> str:
         "your last program is your solution.")
 
 
+def task_type_line(category: str, metric: str = "") -> str:
+    """The user turn's last line: ``Task type: regression; metric: r2.``"""
+    return f"Task type: {category}" + (f"; metric: {metric}." if metric else ".")
+
+
 def initial_messages(task, config: AgentConfig) -> list[dict]:
-    """System + user messages that start an episode on `task`."""
+    """System + user messages that start an episode on `task`.
+
+    The user turn ends with the task type and metric when the task folder
+    states them (`info/task.json`): the last thing read before answering, and
+    what decides between a classifier and a regressor and what a submission
+    row holds.
+    """
     user = (f"# Task\n{task_overview(task, config.overview_chars)}\n\n"
             f"# Data\n{data_inventory(task, config.inventory_chars)}")
+    if task.category and task.category != "uncategorized":
+        user += f"\n\n{task_type_line(task.category, task.metric)}"
     return [{"role": "system", "content": system_prompt(config)}, {"role": "user", "content": user}]
 
 
@@ -287,5 +300,5 @@ def run_episodes(lm: ChatModel, tasks: Sequence, group_size: int, *, config: Age
 
 
 __all__ = ["AgentConfig", "Episode", "FeedbackFn", "SANDBOX_PACKAGES", "data_inventory", "extract_solution",
-           "initial_messages", "observation_message", "run_episodes", "system_prompt", "target_columns",
+           "initial_messages", "observation_message", "run_episodes", "system_prompt", "target_columns", "task_type_line",
            "task_overview"]

@@ -7,19 +7,28 @@ ordinary HF checkpoint folder (config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json with a ChatML template) loaded through the same code
 path as a real Qwen3.5 checkpoint.
 
-It learns from two corpora written from the suite's *train* split only (the
-held-out tasks stay unseen):
+It learns from three corpora. The first two are written from the suite's
+*train* split only (the held-out tasks stay unseen):
 
 * agent episodes -- the agent prompt of a train task, answered by one of its
-  reference solutions (a one-line plan + the code, without the reference
-  docstring), written so that every choice is made next to where it is used
-  (`normalise_solution`): a model this small, trained for minutes, learns
-  local dependencies but not yet the copy circuits a long-range one needs
-  (two earlier builds wrote a train task's target name on every held-out
-  task, and imported one model class while fitting another);
+  reference solutions: a plan line (task type, estimator, what a submission
+  row holds) and the program in the corpus's form (`normalise_solution`):
+  the same imports everywhere, the estimator named once, module-qualified, on
+  a model line right under them, the target list computed rather than
+  spelled. A model this small, trained for minutes, learns local dependencies
+  but not the long-range copying a free-form program needs (earlier builds
+  wrote a train task's target name on every held-out task, and imported one
+  model class while fitting another);
 * world-model episodes -- the world-model prompt of a train task and a logged
-  solution, answered with that solution's real logged outcome (status, error
-  type, quality bucket of its leaderboard position).
+  solution (in the same form), answered with that solution's real logged
+  outcome (status, error type, quality bucket of its leaderboard position):
+  every failed run and a sample of the valid ones;
+* rule examples (`rule_examples`) -- short pairs of the prompt's last line
+  (``Task type: regression; metric: r2.``) and the reply's head down to the
+  model line, for random task types, metrics and estimators from the suite's
+  metric table and recipe grid. They carry general knowledge, no task's data:
+  trained on twelve tasks alone, the model reads the task type off the task it
+  recognises, which says nothing on a task it has never seen.
 
 The result is imperfect in the way WMRL needs: a small model that imitates a
 few dozen solution templates writes runnable code of mixed quality, and as a
@@ -67,7 +76,7 @@ class MicroWorldConfig:
     """
 
     agent: agent.AgentConfig = agent.AgentConfig(
-        max_turns=1, max_new_tokens=384, observation_max_tokens=96, overview_chars=900, inventory_chars=300,
+        max_turns=1, max_new_tokens=448, observation_max_tokens=96, overview_chars=800, inventory_chars=300,
         # 0.6: held-out valid rates 31/50/75/25 % (16 samples a task), against 19/31/38/6 % at 1.0.
         temperature=0.6, timeout_s=120.0)
     world_model: world_model.WorldModelConfig = world_model.WorldModelConfig(
@@ -86,10 +95,12 @@ class MicroWorldConfig:
     # Training. Small batches, many steps: conditioning on the prompt appears only after a few hundred
     # updates; 8 x 157 steps left the model writing one template for every task.
     seed: int = 0
-    epochs: float = 1.25
+    epochs: float = 1.05
     batch_size: int = 4
     learning_rate: float = 2e-3  # tiny models train well at a high peak rate; cosine decay to 10 %
     warmup_steps: int = 30
+    rule_batch_size: int = 8   # rule examples (`rule_examples`, ~150 tokens) beside each batch of episodes
+    world_model_valid_per_task: int = 24  # plus every failed run (about 4 a task) in the world-model corpus
     prompt_loss_weight: float = 1.0  # prompt tokens are training text too (the cost of the forward is paid anyway)
 
     def model_config(self, vocab_size: int, eos_id: int, pad_id: int):
@@ -117,31 +128,154 @@ def strip_docstring(code: str) -> str:
 
 
 GENERIC_TARGETS = "TARGETS = [c for c in train.columns if c not in test.columns]"
-_SKLEARN_IMPORT = re.compile(r"^(?:from sklearn[.\w]* import .*|import sklearn.*)\n", re.M)
+# Every agent-form program starts with the same imports: the scikit-learn modules the suite's solutions
+# draw estimators from (the estimator is then named once, module-qualified, on the model line) and the two
+# pipeline helpers (whether to scale is a choice on the model line alone).
+SKLEARN_MODULES = ("discriminant_analysis", "dummy", "ensemble", "linear_model", "multioutput", "naive_bayes",
+                   "neighbors", "neural_network", "tree")
+PIPELINE_IMPORTS = ("from sklearn.pipeline import make_pipeline", "from sklearn.preprocessing import StandardScaler")
+_FROM_IMPORT = re.compile(r"^from sklearn\.(\w+) import (\w+(?:, \w+)*)$")
+_TARGETS_LINE = re.compile(r"^TARGETS = (\[.*\])$")
+# The suite's prediction blocks (sandbox/suite/solutions.py, one per submission kind) as (lines in the
+# program's tail, the `predict = ...` line that moves up under the model line, what the tail keeps).
+_PREDICT_FORMS = (
+    (("proba = model.predict_proba(X_test)[:, list(model.classes_).index(1)]",
+      "submission = pd.DataFrame({TARGETS[0]: proba})"),
+     "predict = lambda X: model.predict_proba(X)[:, list(model.classes_).index(1)]",
+     ("submission = pd.DataFrame({TARGETS[0]: predict(X_test)})",)),
+    (("proba = model.predict_proba(X_test)",
+      "submission = pd.DataFrame(proba, columns=[str(c) for c in model.classes_])"),
+     "predict = model.predict_proba",
+     ("submission = pd.DataFrame(predict(X_test), columns=[str(c) for c in model.classes_])",)),
+    (("submission = pd.DataFrame({TARGETS[0]: model.predict(X_test)})",),
+     "predict = model.predict",
+     ("submission = pd.DataFrame({TARGETS[0]: predict(X_test)})",)),
+    (("submission = pd.DataFrame(np.asarray(model.predict(X_test)).reshape(len(X_test), -1), columns=TARGETS)",),
+     "predict = model.predict",
+     ("submission = pd.DataFrame(np.asarray(predict(X_test)).reshape(len(X_test), -1), columns=TARGETS)",)),
+)
+_PANDAS = "import pandas as pd"
+
+# What one submission row holds, per metric kind (sandbox/suite/metrics.py), as the plan line says it.
+SUBMIT = {"label": "labels", "proba": "the probability of class 1", "classes": "a probability per class",
+          "value": "values", "values": "values"}
 
 
-def normalise_solution(code: str) -> str:
-    """A reference solution in the agent corpus's form; its behaviour is unchanged.
+def normalise_solution(code: str, targets: Sequence[str] | None = None) -> str:
+    """A suite solution in the agent corpus's form; its behaviour is unchanged.
 
-    * no leading docstring (it names the model);
-    * ``TARGETS = ['species']`` becomes the generic
+    The program's one real choice, the estimator, is made in one place, at
+    the top, next to the plan line that states it. A model this small, trained
+    for minutes, conditions on what is near rather than copying from far away:
+    earlier builds imported one class and fitted another, and wrote a train
+    task's target name on a held-out task. So:
+
+    * no leading docstring (it names the model) and no comment lines;
+    * the same import block in every program: ``from sklearn import
+      <SKLEARN_MODULES>``, ``make_pipeline`` and ``StandardScaler``; the
+      estimator is called module-qualified (``linear_model.Ridge(alpha=1.0)``)
+      on the ``model = ...`` line, which moves up right after the imports
+      (building an estimator reads no data);
+    * ``TARGETS = [<the task's targets>]`` becomes the generic
       ``TARGETS = [c for c in train.columns if c not in test.columns]`` (the
-      same list on every suite task: test.csv is train.csv without the targets);
-    * the scikit-learn imports move to just above the ``model = ...`` line,
-      so the class fitted is chosen right where it is imported.
+      same list on every suite task: test.csv is train.csv without the
+      targets). A different literal (a broken solution naming a wrong column)
+      is kept, as is every other line.
     """
-    code = strip_docstring(code).strip() + "\n"
-    code = re.sub(r"^TARGETS = \[.*\]$", GENERIC_TARGETS, code, count=1, flags=re.M)
-    imports = _SKLEARN_IMPORT.findall(code)
-    if imports and re.search(r"^model = ", code, re.M):
-        code = _SKLEARN_IMPORT.sub("", code)
-        code = re.sub(r"^model = ", lambda m: "".join(imports) + m.group(0), code, count=1, flags=re.M)
-    return code
+    lines = [line for line in strip_docstring(code).strip().splitlines() if not line.lstrip().startswith("#")]
+    models = [line for line in lines if line.startswith("model = ")]
+    if len(models) == 1 and _PANDAS in lines:
+        model, modules = models[0], set(SKLEARN_MODULES)
+        drop = {model, *PIPELINE_IMPORTS}
+        for line in lines:
+            m = _FROM_IMPORT.match(line)
+            if m and m.group(1) not in ("pipeline", "preprocessing"):
+                for name in m.group(2).split(", "):
+                    model = re.sub(rf"(?<![\w.]){name}\(", f"{m.group(1)}.{name}(", model)
+                modules.add(m.group(1))
+                drop.add(line)
+        body = [line for line in lines if line not in drop]
+        top = [model]
+        for old, predict, new in _PREDICT_FORMS:
+            at = next((i for i in range(len(body)) if tuple(body[i:i + len(old)]) == old), None)
+            if at is not None:
+                body[at:at + len(old)] = new
+                top.append(predict)
+                break
+        at = body.index(_PANDAS) + 1
+        header = [f"from sklearn import {', '.join(sorted(modules))}", *PIPELINE_IMPORTS]
+        lines = body[:at] + header + top + body[at:]
+    for i, line in enumerate(lines):
+        m = _TARGETS_LINE.match(line)
+        if m and (targets is None or m.group(1) == repr(list(targets))):
+            lines[i] = GENERIC_TARGETS
+    text = "\n".join(lines)
+    return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
 
 
-def agent_reply(label: str, code: str) -> str:
-    """What the agent is trained to answer: a one-line plan, then the program in a ```python block."""
-    return f"Plan: fit {label} on the numeric features.\n```python\n{normalise_solution(code).strip()}\n```"
+def plan_line(category: str, metric: str, label: str) -> str:
+    """The agent's one-line plan: the task type and submission kind (both read from the prompt), then the model."""
+    from sandbox.suite.metrics import METRICS
+
+    return f"Plan: {category} task; fit {label}; submit {SUBMIT[METRICS[metric].kind]}."
+
+
+def qualified_label(label: str, code: str) -> str:
+    """A recipe label with its estimator module-qualified as `code` imports it: ``linear_model.Ridge(alpha=1.0)``."""
+    estimator = label.split("(", 1)[0]
+    module = re.search(rf"^from sklearn\.(\w+) import .*\b{estimator}\b", code, re.M)
+    return f"{module.group(1)}.{label}" if module else label
+
+
+def agent_reply(row: dict, label: str, code: str) -> str:
+    """The agent's target answer on the task of manifest `row`: the plan line, then the program in a ```python block.
+
+    The plan names the estimator as the program's model line calls it
+    (``linear_model.Ridge(alpha=1.0) +scaled``), so writing the code is copying.
+    """
+    program = normalise_solution(code, row["targets"]).strip()
+    return f"{plan_line(row['category'], row['metric'], qualified_label(label, code))}\n```python\n{program}\n```"
+
+
+def rule_examples(count: int, seed: int) -> list[tuple[str, str, str]]:
+    """The third corpus: `count` short (prompt end, reply head) pairs that teach the plan's rules.
+
+    Each is the agent prompt's last line (``Task type: regression; metric:
+    r2.``) answered by a plan line and the program's head down to its model
+    line, for a task type, metric and estimator drawn at random from the
+    suite's metric table and recipe grid -- general knowledge (which estimators
+    suit a task type, what a metric's submission holds, that the code fits what
+    the plan names), not any task's data. On the long episodes alone the model
+    reads the task type off the task it recognises, which tells it nothing on
+    a task it has never seen.
+    """
+    from sandbox.suite import TASKS, solutions
+    from sandbox.suite.metrics import METRICS
+
+    kinds = {"classification": ("label", "proba", "classes"), "regression": ("value",),
+             "multi-target regression": ("values",)}
+    specs = {}
+    for spec in TASKS:   # one train task per category renders the code (the model line does not read data)
+        if spec.split == "train":
+            specs.setdefault(spec.category, spec)
+    categories = sorted(specs)
+    weights = np.asarray([0.1 if c.startswith("multi") else 1.0 for c in categories])
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        category = categories[rng.choice(len(categories), p=weights / weights.sum())]
+        metrics = sorted(m for m, metric in METRICS.items() if metric.kind in kinds[category])
+        metric = metrics[rng.integers(len(metrics))]
+        grid = solutions.recipes(category == "classification")
+        recipe = grid[rng.integers(len(grid))]
+        code = solutions.render(specs[category], recipe)
+        program = normalise_solution(code, specs[category].targets)
+        head = program[:program.index("\n", program.index("\npredict = ") + 1) + 1]
+        prompt = (f"<|im_start|>user\n[... truncated]\n\n{agent.task_type_line(category, metric)}<|im_end|>\n"
+                  "<|im_start|>assistant\n")
+        out.append((prompt, f"{plan_line(category, metric, qualified_label(recipe.label, code))}\n```python\n{head}",
+                    "rule"))
+    return out
 
 
 def world_model_answer(entry: dict) -> str:
@@ -153,22 +287,35 @@ def world_model_answer(entry: dict) -> str:
 def corpora(config: MicroWorldConfig, split: str = "train", root=None) -> tuple[list, list]:
     """(agent episodes, world-model episodes) as (task name, messages, reply), from the suite's `split`.
 
-    Agent episodes use the valid reference solutions; world-model episodes use
-    every logged run the world model could be asked about (the gate decides
-    malformed and syntax errors, so those are left out).
+    Agent episodes use every valid reference solution. World-model episodes
+    use the logged runs the world model could be asked about (the gate decides
+    malformed code and syntax errors, so those are left out): every failed
+    one, and a seeded sample of `config.world_model_valid_per_task` valid ones
+    per task -- the log holds ten valid runs for each failure, and a world model
+    trained on that ratio learns to call everything valid. Both show the code
+    in the agent's form (`normalise_solution`), the form it is asked about.
     """
     import sandbox
     from sandbox import suite
 
     tasks = {p.name: sandbox.load_task(p) for p in suite.list_tasks(split, root)}
+    rows = {row["name"]: row for row in suite.manifest(root)["tasks"]}
     log = suite.execution_log(split, root)
+    rng = np.random.default_rng(config.seed)
+    keep_valid = set()
+    for name in tasks:
+        valid = [i for i, e in enumerate(log) if e["task"] == name and e["status"] == "valid"]
+        n = min(config.world_model_valid_per_task, len(valid))
+        keep_valid.update(valid[j] for j in rng.choice(len(valid), size=n, replace=False))
     agent_eps, wm_eps = [], []
-    for entry in log:
-        task = tasks[entry["task"]]
+    for i, entry in enumerate(log):
+        task, row = tasks[entry["task"]], rows[entry["task"]]
         if entry["origin"] == "reference" and entry["status"] == "valid":
-            agent_eps.append((task.name, agent.initial_messages(task, config.agent), agent_reply(entry["label"], entry["code"])))
-        if world_model.gate(entry["code"]) is None:
-            wm_eps.append((task.name, world_model.messages(task, entry["code"], config.world_model), world_model_answer(entry)))
+            agent_eps.append((task.name, agent.initial_messages(task, config.agent),
+                              agent_reply(row, entry["label"], entry["code"])))
+        if world_model.gate(entry["code"]) is None and (entry["status"] != "valid" or i in keep_valid):
+            code = normalise_solution(entry["code"], row["targets"])
+            wm_eps.append((task.name, world_model.messages(task, code, config.world_model), world_model_answer(entry)))
     return agent_eps, wm_eps
 
 
@@ -232,19 +379,27 @@ def batches(encoded: Sequence, *, batch_size: int, steps: int, width: int, pad_i
         while len(order) < batch_size:
             order += rng.permutation(len(encoded)).tolist()
         rows, order = order[:batch_size], order[batch_size:]
-        tokens = np.full((batch_size, width), pad_id, np.int32)
-        valid = np.zeros((batch_size, width), bool)
-        reply = np.zeros((batch_size, width), bool)
-        for i, r in enumerate(rows):
-            ids, is_reply = encoded[r]
-            tokens[i, width - len(ids):] = ids
-            valid[i, width - len(ids):] = True
-            reply[i, width - len(ids):] = is_reply
-        yield tokens, valid, reply
+        yield _pad_rows([encoded[r] for r in rows], width, pad_id)
+
+
+def _pad_rows(rows: Sequence, width: int, pad_id: int):
+    """(tokens int32[B, W], valid, is_reply) of encoded rows, left-padded to `width`."""
+    tokens = np.full((len(rows), width), pad_id, np.int32)
+    valid = np.zeros((len(rows), width), bool)
+    reply = np.zeros((len(rows), width), bool)
+    for i, (ids, is_reply) in enumerate(rows):
+        tokens[i, width - len(ids):] = ids
+        valid[i, width - len(ids):] = True
+        reply[i, width - len(ids):] = is_reply
+    return tokens, valid, reply
 
 
 def make_train_step(model_config, optimizer, prompt_loss_weight: float):
-    """A jitted step: masked next-token cross-entropy (reply tokens, plus prompt tokens at a small weight)."""
+    """A jitted step on an episode batch and a rule batch.
+
+    Loss: the episodes' mean reply-token NLL + `prompt_loss_weight` x their
+    mean prompt-token NLL + the rule examples' mean reply-token NLL.
+    """
     import jax
     import jax.numpy as jnp
     import optax
@@ -252,20 +407,25 @@ def make_train_step(model_config, optimizer, prompt_loss_weight: float):
     from wmrl_jax.logprobs import token_logprobs
     from wmrl_jax.models import qwen35
 
-    def loss_fn(params, tokens, valid, reply):
+    def nll(params, tokens, valid, reply):
         logp, _ = token_logprobs(params, model_config, qwen35, tokens, valid)
         scored = valid & jnp.pad(valid[:, :-1], ((0, 0), (1, 0)))
         is_reply = scored & reply
         is_prompt = scored & ~reply
         reply_nll = -jnp.sum(jnp.where(is_reply, logp, 0.0)) / jnp.maximum(is_reply.sum(), 1)
         prompt_nll = -jnp.sum(jnp.where(is_prompt, logp, 0.0)) / jnp.maximum(is_prompt.sum(), 1)
-        return reply_nll + prompt_loss_weight * prompt_nll, (reply_nll, prompt_nll)
+        return reply_nll, prompt_nll
+
+    def loss_fn(params, episodes, rules):
+        reply_nll, prompt_nll = nll(params, *episodes)
+        rule_nll, _ = nll(params, *rules)
+        return reply_nll + prompt_loss_weight * prompt_nll + rule_nll, (reply_nll, prompt_nll, rule_nll)
 
     @jax.jit
-    def step(params, opt_state, tokens, valid, reply):
-        (_, (reply_nll, prompt_nll)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, tokens, valid, reply)
+    def step(params, opt_state, episodes, rules):
+        (_, nlls), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, episodes, rules)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, reply_nll, prompt_nll
+        return optax.apply_updates(params, updates), opt_state, nlls
 
     return step
 
@@ -308,7 +468,7 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
     eos_id, pad_id = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")
     model_config = config.model_config(len(tokenizer), eos_id, pad_id)
     encoded = encode_examples(tokenizer, examples)
-    width = -(-max(len(ids) for ids, _ in encoded) // 64) * 64
+    width = -(-max(len(ids) for ids, _ in encoded) // 32) * 32
     planned = int(np.ceil(config.epochs * len(encoded) / config.batch_size))
     total = planned if steps is None else min(int(steps), planned)
     schedule = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, config.warmup_steps, planned,
@@ -317,26 +477,32 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
                             optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=0.01))
     params = jax.jit(lambda key: qwen35.init_params(model_config, key, jnp.float32))(jax.random.key(config.seed))
     opt_state = optimizer.init(params)
+    rules = encode_examples(tokenizer, rule_examples(planned * config.rule_batch_size, config.seed + 1))
+    rule_width = -(-max(len(ids) for ids, _ in rules) // 32) * 32
+    rule_batches = (_pad_rows(rules[i * config.rule_batch_size:(i + 1) * config.rule_batch_size], rule_width, pad_id)
+                    for i in range(total))
     step = make_train_step(model_config, optimizer, config.prompt_loss_weight)
-    reply_losses, prompt_losses = [], []
-    bar = tqdm(batches(encoded, batch_size=config.batch_size, steps=total, width=width, pad_id=pad_id,
-                       seed=config.seed), total=total, desc="micro-world", disable=not progress)
-    for tokens, valid, reply in bar:
-        params, opt_state, reply_nll, prompt_nll = step(params, opt_state, tokens, valid, reply)
-        reply_losses.append(float(reply_nll))
-        prompt_losses.append(float(prompt_nll))
-        bar.set_postfix(reply_nll=f"{reply_losses[-1]:.3f}", prompt_nll=f"{prompt_losses[-1]:.3f}")
+    losses = {"reply_nll": [], "prompt_nll": [], "rule_nll": []}
+    bar = tqdm(zip(batches(encoded, batch_size=config.batch_size, steps=total, width=width, pad_id=pad_id,
+                           seed=config.seed), rule_batches), total=total, desc="micro-world", disable=not progress)
+    for episode_batch, rule_batch in bar:
+        params, opt_state, nlls = step(params, opt_state, episode_batch, rule_batch)
+        for key, value in zip(losses, nlls):
+            losses[key].append(float(value))
+        bar.set_postfix({key: f"{values[-1]:.3f}" for key, values in losses.items()})
     train_s = time.perf_counter() - start
 
     # bf16 halves the shipped folder (the loop loads it back in float32).
     model = Model(config=model_config, params=jax.tree.map(lambda x: x.astype(jnp.bfloat16), params), family=qwen35)
     save_hf(model, out_dir, tokenizer=tokenizer)
     counts = {kind: sum(k == kind for *_, k in examples) for kind in ("agent", "world_model")}
+    counts["rule"] = len(rules)
     log = {
         "seed": config.seed, "steps": total, "planned_steps": planned, "batch_size": config.batch_size, "width": width,
-        "examples": counts, "tokens_per_step": int(config.batch_size * width),
+        "rule_batch_size": config.rule_batch_size, "rule_width": rule_width, "examples": counts,
+        "tokens_per_step": int(config.batch_size * width + config.rule_batch_size * rule_width),
         "parameters": int(sum(x.size for x in jax.tree.leaves(params))),
-        "reply_nll": reply_losses, "prompt_nll": prompt_losses,
+        **losses,
         "seconds": round(time.perf_counter() - start, 1), "train_seconds": round(train_s, 1),
         "cpu": _cpu_name(), "jax": jax.__version__, "config": repr(config),
     }

@@ -127,7 +127,7 @@ def description(spec: TaskSpec, sample: pd.DataFrame, n_train: int, n_test: int)
     else:
         what = " and ".join(spec.targets)
     return (
-        f"Description\n\n{spec.overview}\n\n"
+        f"Description\n\nThis is a {spec.category} task. {spec.overview}\n\n"
         f"This competition belongs to the embedded offline task suite of wmrl-jax. The data comes from "
         f"{spec.source}. Notable properties: {', '.join(spec.quirks) or 'none'}.\n\n"
         f"Evaluation\n\n{metric.text} {better} scores are better.\n\n"

@@ -118,6 +118,11 @@ def _regressor_recipes() -> list[Recipe]:
 _SINGLE_OUTPUT = {"HistGradientBoostingRegressor", "GradientBoostingRegressor"}
 
 
+def recipes(classification: bool) -> list[Recipe]:
+    """Every recipe of the grid for a classification (True) or regression (False) task."""
+    return _classifier_recipes() if classification else _regressor_recipes()
+
+
 def population(spec: TaskSpec, size: int, seed: int, has_strings: bool) -> list[Recipe]:
     """`size` reference recipes for `spec`, deterministic in `seed`, weak to strong mixed.
 
