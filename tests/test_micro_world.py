@@ -182,8 +182,9 @@ def test_sampled_solutions_on_held_out_tasks_run_valid_with_mixed_quality(lm, he
     """The base model writes runnable code on tasks it never saw (issue #14: >= 60 % valid on each
     held-out task), of mixed quality: the valid ones rank from the bottom to the top of the leaderboards.
 
-    8 samples a task at the shipped sampling settings (seed 0). Measured when this build shipped: see
-    the build's note (64 samples a task: the figure the issue asks for).
+    8 samples a task at the shipped sampling settings (seed 0). When this build shipped, 64 samples a
+    task (seed 0) ran valid 63, 64, 64 and 64 times (star98_math, hastie_signal, two_moons_noisy,
+    wide_linear_signal).
     """
     per_task = 8
     one_turn = dataclasses.replace(CONFIG.agent, max_turns=1)

@@ -42,7 +42,7 @@ def _train_args(workdir: pathlib.Path, model: pathlib.Path) -> list[str]:
         "workdir": workdir, "model_path": model, "steps": 1, "eval_attempts": 0,
         "rollout.groups_per_step": 2, "rollout.group_size": 4,
         "agent.max_new_tokens": 24, "agent.overview_chars": 300, "agent.inventory_chars": 100,
-        "optim.warmup_steps": 1, "optim.remat": False, "checkpoint.every": 1, "log.text_samples": 1,
+        "optim.warmup_steps": 1, "optim.remat": "none", "checkpoint.every": 1, "log.text_samples": 1,
         "rewards.min_pairs": 4, "rewards.refit_every": 2, "rewards.warmup": 1,
     }
     return [sys.executable, str(ROOT / "launch" / "train.py"), "--config=" + str(ROOT / "configs" / "tiny_cpu.py"),
