@@ -3,8 +3,11 @@
     python launch/build_micro_world.py                      # into wmrl_jax/assets/micro_world (what ships)
     python launch/build_micro_world.py --out /tmp/mw --steps 3
 
-About 10 minutes on 2 CPU cores; deterministic for a given seed (build_log.json
-records every step's loss). See `wmrl_jax.micro_world` for what it learns from.
+About 8-9 minutes on 2 CPU cores; deterministic for a given seed and code
+(build_log.json records every step's loss; the shipped weights predate a
+rounding-level change to the attention backward, so a rebuild matches their
+log for three steps, then drifts -- see `wmrl_jax.micro_world`, which also
+says what the model learns from).
 """
 
 from __future__ import annotations
