@@ -208,3 +208,31 @@ def test_world_model_answers_parse_on_held_out_logged_solutions(lm, heldout):
                                 config=CONFIG.world_model, seed=0)
     graded = [p for p in preds if p.reward is not None]
     assert len(graded) >= 0.9 * len(preds), [p.raw_text for p in preds if p.reward is None][:3]
+
+
+def test_padded_vocabulary_ids_are_masked_and_never_sampled():
+    """The shipped embedding has 2048 rows for 1991 tokens; the 57 zero rows must never be sampled.
+
+    Unmasked, a zero row's logit is 0, above the median real logit (~-2): at temperature 1 the padding
+    took up to 3.6 % of a step's mass in the agent's own code. `load_chat_model` masks ids past the
+    tokenizer (`token_count`); `load_hf` alone keeps transformers' logits (0 there).
+    """
+    from wmrl_jax import sampling
+    from wmrl_jax.models import layers
+
+    lm = chat.load_chat_model(micro_world.shipped_path())
+    n, vocab = len(lm.tokenizer), lm.model.config.vocab_size
+    assert lm.model.config.token_count == n and n < vocab == 2048, (n, vocab)
+    ids = lm.prompt_ids([{"role": "user", "content": "Plan: regression task"}])
+    masked = np.asarray(lm.model.logits(np.array([ids])))
+    assert (masked[..., n:] == layers.PADDED_LOGIT).all() and masked[..., :n].max() > 0
+    plain = np.asarray(load_hf(micro_world.shipped_path()).logits(np.array([ids])))
+    assert load_hf(micro_world.shipped_path()).config.token_count is None and (plain[..., n:] == 0).all()
+    np.testing.assert_allclose(masked[..., :n], plain[..., :n], rtol=0, atol=1e-6)
+    # A flattened distribution (temperature 4): without the mask padding ids come up in a few dozen draws.
+    out = sampling.generate(lm.model, [ids] * 4, max_new_tokens=48, temperature=4.0, seed=0, pad_id=lm.pad_id)
+    drawn = np.concatenate([np.asarray(t) for t in out.tokens])
+    assert drawn.size == 4 * 48 and drawn.max() < n, drawn.max()
+    unmasked = sampling.generate(load_hf(micro_world.shipped_path()), [ids] * 4, max_new_tokens=48,
+                                 temperature=4.0, seed=0, pad_id=lm.pad_id)
+    assert max(int(np.max(t)) for t in unmasked.tokens) >= n   # the check above can fail

@@ -8,7 +8,8 @@ simulated CPU devices, and as 2 processes x 2 devices joined by
 tests/test_train_loop.py's Qwen3 test). Sampling is row-local, so both runs
 sample the same tokens; the gradients' all-reduce is gloo's across processes
 in one run and XLA's in-process one in the other, so the params agree up to
-float32 summation order: atol 1e-6, 1/50 of the one update's size (~lr = 5e-5).
+float32 summation order: atol 1e-6, 1/50 of the one update's size (~lr, pinned
+at 5e-5 here whatever tiny_cpu's own rate).
 
 Every subprocess has a deadline; on failure or time-out all are killed and
 their output is printed.
@@ -42,7 +43,7 @@ def _train_args(workdir: pathlib.Path, model: pathlib.Path) -> list[str]:
         "workdir": workdir, "model_path": model, "steps": 1, "eval_attempts": 0,
         "rollout.groups_per_step": 2, "rollout.group_size": 4,
         "agent.max_new_tokens": 24, "agent.overview_chars": 300, "agent.inventory_chars": 100,
-        "optim.warmup_steps": 1, "optim.remat": "none", "checkpoint.every": 1, "log.text_samples": 1,
+        "optim.learning_rate": 5e-5, "optim.warmup_steps": 1, "optim.remat": "none", "checkpoint.every": 1, "log.text_samples": 1,
         "rewards.min_pairs": 4, "rewards.refit_every": 2, "rewards.warmup": 1,
     }
     return [sys.executable, str(ROOT / "launch" / "train.py"), "--config=" + str(ROOT / "configs" / "tiny_cpu.py"),

@@ -26,6 +26,7 @@ def small_config(workdir, **overrides):
     c.rollout.groups_per_step, c.rollout.group_size = 2, 4
     c.agent.max_new_tokens = 160     # long enough for some code, short enough to keep the test quick
     c.eval_attempts = 0
+    c.optim.learning_rate = 5e-5     # the rate these tests' tolerances were measured at (tiny_cpu's is 2e-5)
     c.optim.warmup_steps = 1
     c.checkpoint.every = 1
     c.log.text_samples = 1

@@ -110,6 +110,13 @@ def load_chat_model(path, *, dtype: Any = "float32", mesh=None, model=None) -> C
         raise ValueError(f"checkpoint {path}: no EOS token (tokenizer.eos_token and config eos_token_id are unset)")
     pad = tokenizer.pad_token_id
     pad = int(pad) if pad is not None else eos[0]
+    tokens = len(tokenizer)
+    if tokens > model.config.vocab_size:
+        raise ValueError(f"checkpoint {path}: the tokenizer has {tokens} tokens but the model's vocab_size is "
+                         f"{model.config.vocab_size}; expected at most vocab_size tokens")
+    if tokens < model.config.vocab_size and model.config.token_count != tokens:
+        # Embedding rows past the tokenizer (vocabulary padding) are never sampled: their logits are masked.
+        model = dataclasses.replace(model, config=dataclasses.replace(model.config, token_count=tokens))
     return ChatModel(model=model, tokenizer=tokenizer, eos_ids=tuple(eos), pad_id=pad, path=path)
 
 

@@ -292,6 +292,18 @@ def seal_decode_params(params: dict, *, tied: bool, head: bool) -> dict:
     return params
 
 
+# Logit of a padded vocabulary id: finite (so p * log p stays 0, not nan) and far below any real logit.
+PADDED_LOGIT = -1e9
+
+
+def mask_padded_vocab(logits: jax.Array, token_count: int | None) -> jax.Array:
+    """``logits[..., v]`` for v < token_count, `PADDED_LOGIT` above (None or >= V: unchanged)."""
+    if token_count is None or token_count >= logits.shape[-1]:
+        return logits
+    ids = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    return jnp.where(ids < token_count, logits, jnp.asarray(PADDED_LOGIT, logits.dtype))
+
+
 def unembed(hidden_btd: jax.Array, params: dict, tied: bool) -> jax.Array:
     """float32[B, T, V] logits of final-normed hidden [B, T, D]: ``lm_head_dv``, or ``embed_vd`` transposed if tied.
 

@@ -46,6 +46,10 @@ class Config:
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
+    # Ids >= token_count are embedding padding (rows past the tokenizer's vocabulary, e.g. a vocabulary
+    # padded to a multiple of 64): their logits are masked so they are never sampled or given mass.
+    # None: every id is a token. Not an HF field: `chat.load_chat_model` sets it from the tokenizer.
+    token_count: int | None = None
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -389,4 +393,5 @@ def forward(
 
 def unembed(params: Params, config: Config, hidden: jax.Array) -> jax.Array:
     """float32[B, T, V] logits of final-normed hidden [B, T, D] (tied head = embedding transposed)."""
-    return constrain(L.unembed(hidden, params, config.tie_word_embeddings), ("batch", "length", "vocab"))
+    logits = L.mask_padded_vocab(L.unembed(hidden, params, config.tie_word_embeddings), config.token_count)
+    return constrain(logits, ("batch", "length", "vocab"))

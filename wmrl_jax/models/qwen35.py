@@ -439,7 +439,8 @@ def forward(
 
 def unembed(params: Params, config: Config, hidden: jax.Array) -> jax.Array:
     """float32[B, T, V] logits of final-normed hidden [B, T, D] (tied head = embedding transposed)."""
-    return constrain(L.unembed(hidden, params, config.tie_word_embeddings), ("batch", "length", "vocab"))
+    logits = L.mask_padded_vocab(L.unembed(hidden, params, config.tie_word_embeddings), config.token_count)
+    return constrain(logits, ("batch", "length", "vocab"))
 
 
 def num_params(config: Config) -> int:

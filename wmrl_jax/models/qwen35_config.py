@@ -52,6 +52,10 @@ class Config:
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
+    # Ids >= token_count are embedding padding (rows past the tokenizer's vocabulary, e.g. a vocabulary
+    # padded to a multiple of 64): their logits are masked so they are never sampled or given mass.
+    # None: every id is a token. Not an HF field: `chat.load_chat_model` sets it from the tokenizer.
+    token_count: int | None = None
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
