@@ -91,8 +91,10 @@ class MicroWorldConfig:
     vocab_size: int = 4096       # byte-level BPE trained on the corpus (Qwen3.5's own has 248k)
     # The shipped embedding has the tokenizer's vocabulary rounded up to a multiple of this (as Qwen's
     # checkpoints pad theirs), so it and the LM head shard by vocabulary over any tensor axis up to 64
-    # instead of staying whole. The padding is added after training, as zero rows (their logit is 0,
-    # far below a trained model's likely tokens; they are never a token): training on the padded
+    # instead of staying whole. The padding is added after training, as zero rows. Their logit is 0,
+    # above the median real logit (~-2), so unmasked they would be sampled (up to 3.6 % of a step's
+    # mass at temperature 1); `chat.load_chat_model` masks every id past the tokenizer (config
+    # `token_count`), which makes the padded model sample exactly as the unpadded one. Training on the padded
     # shape changes the initial weights, and a build that differed only in that ran valid on 12 of 32
     # held-out attempts instead of 32 of 32 -- the recipe is that sensitive to its random start.
     # (As HF's `resize_token_embeddings(pad_to_multiple_of=64)` would, minus its mean-row init.)
