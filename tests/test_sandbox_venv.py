@@ -13,6 +13,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+import sysconfig
 import tempfile
 import venv
 
@@ -45,6 +46,11 @@ print(json.dumps({{"status": r.status, "reward": r.reward, "feedback": r.feedbac
 
 def _make_venv(folder: pathlib.Path) -> None:
     venv.EnvBuilder(system_site_packages=True, with_pip=False, symlinks=True).create(folder)
+    # system_site_packages reaches the *base* interpreter's packages; when the tests themselves run in a
+    # venv (where this repo's dependencies were installed), a .pth file adds that venv's too.
+    purelib = sysconfig.get_paths()["purelib"]
+    inner = sysconfig.get_paths(vars={"base": str(folder), "platbase": str(folder)})["purelib"]
+    pathlib.Path(inner, "outer_env.pth").write_text(purelib + "\n")
     os.chmod(folder, 0o755)
 
 
