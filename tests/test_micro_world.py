@@ -226,13 +226,14 @@ def test_padded_vocabulary_ids_are_masked_and_never_sampled():
     ids = lm.prompt_ids([{"role": "user", "content": "Plan: regression task"}])
     masked = np.asarray(lm.model.logits(np.array([ids])))
     assert (masked[..., n:] == layers.PADDED_LOGIT).all() and masked[..., :n].max() > 0
-    plain = np.asarray(load_hf(micro_world.shipped_path()).logits(np.array([ids])))
-    assert load_hf(micro_world.shipped_path()).config.token_count is None and (plain[..., n:] == 0).all()
+    plain_model = load_hf(micro_world.shipped_path())
+    plain = np.asarray(plain_model.logits(np.array([ids])))
+    assert plain_model.config.token_count is None and (plain[..., n:] == 0).all()
     np.testing.assert_allclose(masked[..., :n], plain[..., :n], rtol=0, atol=1e-6)
     # A flattened distribution (temperature 4): without the mask padding ids come up in a few dozen draws.
     out = sampling.generate(lm.model, [ids] * 4, max_new_tokens=48, temperature=4.0, seed=0, pad_id=lm.pad_id)
     drawn = np.concatenate([np.asarray(t) for t in out.tokens])
     assert drawn.size == 4 * 48 and drawn.max() < n, drawn.max()
-    unmasked = sampling.generate(load_hf(micro_world.shipped_path()), [ids] * 4, max_new_tokens=48,
+    unmasked = sampling.generate(plain_model, [ids] * 4, max_new_tokens=48,
                                  temperature=4.0, seed=0, pad_id=lm.pad_id)
     assert max(int(np.max(t)) for t in unmasked.tokens) >= n   # the check above can fail
