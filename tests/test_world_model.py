@@ -8,6 +8,7 @@ written out by hand.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 
 import pytest
 
@@ -113,7 +114,7 @@ def test_predict_gates_without_the_model_and_never_scores_garbage_as_zero(tmp_pa
 def test_prompt_shows_task_inventory_and_numbered_code(task):
     messages = world_model.messages(task, "import os\nx = 1\n", CONFIG)
     user = messages[1]["content"]
-    assert "# Task\n" in user and "# Data\n" in user and "# Solution\n1 | import os\n2 | x = 1" in user
+    assert "# Task\n" in user and "# Data\n" in user and "# Solution\nimport os  # 1\nx = 1  # 2" in user
     assert "STATUS:" in messages[0]["content"] and "QUALITY:" in messages[0]["content"]
 
 
@@ -129,3 +130,22 @@ def test_bad_input(task, tmp_path):
         world_model.format_answer("exploded")
     with pytest.raises(ValueError, match="bucket"):
         world_model.format_answer("valid")
+
+
+def test_listing_lines_start_as_the_agent_writes_them():
+    """Line numbers are trailing comments: every listed line starts with the code itself and still compiles."""
+    code = "import os\n\nfor i in range(3):\n    x = i  # note\n"
+    listing = world_model.numbered(code)
+    assert listing.split("\n") == ["import os  # 1", "# 2", "for i in range(3):  # 3", "    x = i  # note  # 4"]
+    compile(listing, "listing.py", "exec")
+
+
+def test_column_inventory_lists_every_column_once(task):
+    text = world_model.column_inventory(task, 4000)
+    assert text.startswith("Target columns (in train.csv, not in test.csv):")
+    train_line = next(line for line in text.split("\n") if line.startswith("train.csv:"))
+    import pandas as pd
+
+    columns = pd.read_csv(pathlib.Path(task.public_dir) / "train.csv", nrows=1).columns
+    assert all(f"{c} (" in train_line for c in columns)
+    assert "test.csv:" in text and "range [" not in text

@@ -35,7 +35,7 @@ from typing import Sequence
 import numpy as np
 
 from wmrl_jax import sampling
-from wmrl_jax.agent import _cap, data_inventory, task_overview
+from wmrl_jax.agent import _cap, data_inventory, target_columns, task_overview
 from wmrl_jax.chat import ChatModel
 
 STATUSES = ("syntax_err", "runtime_err", "ran_no_sub", "valid")   # what the model may answer
@@ -188,10 +188,63 @@ def gate(text: str | None) -> tuple[str, str, str] | None:
 
 
 def numbered(code: str) -> str:
-    """Code with 1-based line numbers, as the world model reads it (errors are reported by line)."""
+    """Code as the world model reads it: every line unchanged, its 1-based number in a trailing comment.
+
+    Errors are reported by line, so the model needs the numbers; but the
+    world model and the agent are one backbone, and a listing whose lines
+    *start* with numbers (``19 | X_test = ...``) taught the agent to start its
+    own code lines that way once RL moved the shared weights (P("19") at a
+    boilerplate line rose from 0.055 to 0.91 in 12 GRPO steps: a syntax error
+    in every program). Lines here start exactly as the agent writes them, and
+    the number is a comment: drifting into it still runs.
+    """
     lines = code.rstrip("\n").split("\n")
-    width = len(str(len(lines)))
-    return "\n".join(f"{i:>{width}} | {line}" for i, line in enumerate(lines, 1))
+    return "\n".join(f"{line}  # {i}" if line.strip() else f"# {i}" for i, line in enumerate(lines, 1))
+
+
+def column_inventory(task, max_chars: int = 4000) -> str:
+    """The public files as the world model reads them: one line a file, every column with its dtype.
+
+    Checks of data references (a misspelt column, a string column fed to an
+    estimator, NaN left in) need every column name, its type and whether it
+    has gaps, not value ranges; a column list fits many more columns into the
+    cap than the agent's inventory (`agent.data_inventory`). Files without
+    an `info/inventory.json` fall back to the agent's listing (file sizes and
+    CSV headers).
+    """
+    import json
+    import pathlib
+
+    path = pathlib.Path(task.root) / "info" / "inventory.json"
+    if not path.is_file():
+        return data_inventory(task, max_chars)
+    lines = []
+    targets = target_columns(task)
+    if targets is not None:
+        lines.append(f"Target columns (in train.csv, not in test.csv): {targets!r}")
+    files = json.loads(path.read_text())
+    listed: dict[str, list[str]] = {}
+    # train.csv first: it has every column; a file whose columns are a subset of a listed one says only
+    # which are missing (test.csv: train.csv's without the targets), which keeps the cap for names.
+    for name in sorted(files, key=lambda n: n != "train.csv"):
+        info = files[name]
+        names = [c["name"] for c in info["columns"]]
+        parent = next((p for p, cols in listed.items() if set(names) <= set(cols)), None)
+        if parent is not None:
+            missing = [c for c in listed[parent] if c not in names]
+            if len(missing) <= len(names):
+                lines.append(f"{name}: {info['rows']} rows; the columns of {parent}"
+                             + (f" except {', '.join(missing)}" if missing else ""))
+            else:
+                lines.append(f"{name}: {info['rows']} rows; {', '.join(names)} (as in {parent})")
+        else:
+            cols = []
+            for c in info["columns"]:
+                kind = "str" if "values" in c or c["dtype"] in ("str", "object") else c["dtype"]
+                cols.append(f"{c['name']} ({kind}{', missing' if c.get('missing') else ''})")
+            lines.append(f"{name}: {info['rows']} rows; {', '.join(cols)}")
+        listed[name] = names
+    return _cap("\n".join(lines), max_chars)
 
 
 WM_SYSTEM_PROMPT = (
@@ -206,7 +259,7 @@ WM_SYSTEM_PROMPT = (
 def messages(task, code: str, config: WorldModelConfig) -> list[dict]:
     """System + user messages asking for a prediction of `code` on `task`."""
     user = (f"# Task\n{task_overview(task, config.overview_chars)}\n\n"
-            f"# Data\n{data_inventory(task, config.inventory_chars)}\n\n"
+            f"# Data\n{column_inventory(task, config.inventory_chars)}\n\n"
             f"# Solution\n{_cap(numbered(code), config.code_chars)}")
     return [{"role": "system", "content": WM_SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
@@ -264,5 +317,5 @@ def predict(model: ChatModel, tasks: Sequence, codes: Sequence[str | None], *, c
 
 
 __all__ = ["BUCKETS", "DEFAULT_BUCKET_POSITIONS", "Prediction", "STATUSES", "WM_SYSTEM_PROMPT", "WorldModelConfig",
-           "default_feedback", "format_answer", "gate", "ladder_reward", "messages", "numbered", "parse_answer",
+           "column_inventory", "default_feedback", "format_answer", "gate", "ladder_reward", "messages", "numbered", "parse_answer",
            "predict", "quality_bucket"]
