@@ -95,3 +95,27 @@ def test_readme_sandbox_snippet_runs_as_written(tmp_path):
     print(task_line, result_line, sep="\n")
     assert task_line.startswith("Task(name='iris_species', layout='mle-dojo', metric='accuracy'"), task_line
     assert "status='valid'" in result_line and len(result_line) < 250, result_line
+
+
+def test_markdown_relative_links_resolve():
+    """Every relative link in README.md and docs/*.md names a file of the repository (anchors aside)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    checked, broken = 0, []
+    for page in pages:
+        for target in re.findall(r"\[[^\]]*\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+                continue   # http(s):, mailto:, same-page anchors
+            path = (page.parent / target.split("#", 1)[0]).resolve()
+            checked += 1
+            if not (path.is_relative_to(ROOT) and path.exists()):
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert checked, "no relative links found: the pattern no longer matches the pages"
+    assert not broken, f"relative links to files that do not exist: {broken}"
+
+
+def test_docs_reference_nothing_outside_the_repository():
+    """README.md and docs/ name no file outside the repository (the project's notes live elsewhere)."""
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text()
+        for bad in ("shared/", "MISSION.md", "DESIGN.md"):
+            assert bad not in text, f"{page.relative_to(ROOT)} names {bad!r}, which is not in the repository"
