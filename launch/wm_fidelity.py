@@ -58,11 +58,17 @@ def main(argv):
             samples += [fidelity.Sample(split, t.name, "sampled", c, "unknown", None, None)
                         for t, cs in zip(split_tasks, codes) for c in cs]
         log = suite.execution_log(split)
+        targets = {row["name"]: row["targets"] for row in suite.manifest()["tasks"]}
+        # Logged programs are shown in the agent's form, the form the world model reads in training and in
+        # the loop (`normalise_solution` changes no behaviour, so the logged outcome still holds); the raw
+        # reference form names its estimator in a docstring.
+        log = [{**e, "code": micro_world.normalise_solution(e["code"], targets[e["task"]])} for e in log]
         for t in split_tasks:
             entries = [e for e in log if e["task"] == t.name]
             pick = rng.choice(len(entries), size=min(_LOGGED.value, len(entries)), replace=False)
             samples += [fidelity.Sample(split, t.name, "logged", entries[i]["code"], entries[i]["status"],
-                                        entries[i]["reward"], entries[i]["position_score"]) for i in sorted(pick)]
+                                        entries[i]["reward"], entries[i]["position_score"],
+                                        real_error_type=entries[i]["error_type"]) for i in sorted(pick)]
     to_run = [s for s in samples if s.origin == "sampled" or _RERUN.value]
     with sandbox.SandboxPool(workers=_WORKERS.value, timeout_s=mw.agent.timeout_s, cache=False) as pool:
         real_s = fidelity.run_real(pool, to_run, tasks) if to_run else float("nan")
@@ -76,11 +82,16 @@ def main(argv):
     else:
         fidelity.run_world_model(lm, timed[:1], tasks, config=mw.world_model, seed=_SEED.value + 1)
     wm_s = fidelity.run_world_model(lm, timed, tasks, config=mw.world_model, seed=_SEED.value)
+    # The baseline: mean real reward of the program's estimator class over the train tasks' logged runs.
+    table = fidelity.lookup_table(suite.execution_log("train"))
     report = {
         "checkpoint": str(lm.path), "samples_per_task": _SAMPLES.value, "logged_per_task": _LOGGED.value,
-        "splits": {split: fidelity.summarize([s for s in samples if s.split == split]) for split in _SPLITS.value},
+        "splits": {split: fidelity.summarize([s for s in samples if s.split == split], table)
+                   for split in _SPLITS.value},
+        "policy_spread": {split: fidelity.policy_spread([s for s in samples if s.split == split])
+                          for split in _SPLITS.value},
         "by_origin": {f"{split}/{origin}": fidelity.summarize([s for s in samples if s.split == split
-                                                               and s.origin == origin])
+                                                               and s.origin == origin], table)
                       for split in _SPLITS.value for origin in ("sampled", "logged")
                       if any(s.split == split and s.origin == origin for s in samples)},
         "cost": {"real_executions": len(to_run), "real_seconds": real_s, "wm_seconds": wm_s,

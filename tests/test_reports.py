@@ -43,6 +43,56 @@ def test_fidelity_summary_counts_by_hand():
     assert "Spearman(wm, real)" in text and "2.0x" in text
 
 
+def test_detection_rates_and_lookup_table_by_hand():
+    S = fidelity.Sample
+    ridge = "import os\nmodel = make_pipeline(StandardScaler(), linear_model.Ridge(alpha=1.0))\n"
+    forest = "model = ensemble.RandomForestRegressor(n_estimators=100)\n"
+    knn = "model = multioutput.MultiOutputRegressor(neighbors.KNeighborsRegressor())\n"
+    assert [fidelity.estimator_class(c) for c in (ridge, forest, knn, "x = 1", None)] == \
+        ["Ridge", "RandomForestRegressor", "KNeighborsRegressor", None, None]
+    table = fidelity.lookup_table([{"code": ridge, "reward": 0.6}, {"code": ridge, "reward": 0.8},
+                                   {"code": forest, "reward": 0.9}, {"code": "x", "reward": 0.1},
+                                   {"code": forest, "reward": None}])
+    assert table["by_class"] == {"Ridge": pytest.approx(0.7), "RandomForestRegressor": pytest.approx(0.9)}
+    assert table["default"] == pytest.approx(0.6) and fidelity.table_reward(table, knn) == pytest.approx(0.6)
+    runtime = world_model.Prediction(status="runtime_err", bucket=None, reward=0.1, feedback="", raw_text="",
+                                     error_type="KeyError")
+    samples = [
+        S("test", "a", "sampled", ridge, "runtime_err", 0.1, None, runtime, real_error_type="KeyError"),
+        S("test", "a", "sampled", ridge, "runtime_err", 0.1, None, _pred("valid", 0.8, bucket="mid"),
+          real_error_type="NameError"),
+        S("test", "a", "sampled", forest, "ran_no_sub", 0.2, None, _pred("ran_no_sub", 0.2)),
+        S("test", "a", "sampled", forest, "valid", 0.9, 0.8, _pred("valid", 0.9, bucket="high")),
+        S("test", "a", "sampled", knn, "valid", 0.7, 0.4, _pred("ran_no_sub", 0.2)),
+        S("test", "a", "logged", None, "malformed", 0.0, None, _pred("malformed", 0.0, gated=True)),
+    ]
+    figs = fidelity.summarize(samples, table)
+    assert (figs["failing"], figs["valid"], figs["runtime_err"]) == (3, 2, 2)
+    assert figs["failing_predicted_failing"] == pytest.approx(2 / 3)
+    assert figs["valid_predicted_valid"] == pytest.approx(1 / 2)
+    assert figs["runtime_error_type_accuracy"] == pytest.approx(1 / 2)
+    graded = [s for s in samples]
+    expected = stats.spearmanr([fidelity.table_reward(table, s.code) for s in graded],
+                               [s.real_reward for s in graded]).statistic
+    assert figs["table_spearman"] == pytest.approx(expected)
+
+
+def test_policy_spread_by_hand():
+    S = fidelity.Sample
+    codes = ["model = tree.A(max_depth=1)\n", "model = tree.A(max_depth=2)\n", "model = tree.B()\n",
+             "model = tree.A(max_depth=1)\n"]
+    rewards = [0.5, 0.7, 0.9, 0.5]
+    samples = [S("train", "t", "sampled", c, "valid", r, 0.5) for c, r in zip(codes, rewards)]
+    samples += [S("train", "u", "sampled", "model = tree.A()\n", "valid", 0.6, 0.5) for _ in range(4)]
+    samples += [S("train", "u", "logged", "model = tree.C()\n", "valid", 0.1, 0.5)]     # not a rollout
+    spread = fidelity.policy_spread(samples, group_size=4)
+    assert spread["groups"] == 2
+    assert spread["distinct_estimators"] == pytest.approx((2 + 1) / 2)
+    assert spread["distinct_model_lines"] == pytest.approx((3 + 1) / 2)
+    assert spread["reward_sd"] == pytest.approx((np.std(rewards) + 0.0) / 2)
+    assert spread["identical_reward_groups"] == pytest.approx(0.5)
+
+
 def test_spearman_is_nan_for_constant_input():
     assert np.isnan(fidelity.spearman([1, 1, 1], [0, 1, 2]))
 

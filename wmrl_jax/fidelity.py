@@ -18,6 +18,7 @@ model learned from, and held-out tasks, which it never saw):
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from typing import Sequence
 
@@ -42,6 +43,7 @@ class Sample:
     real_reward: float | None
     real_position: float | None
     wm: world_model.Prediction | None = None
+    real_error_type: str | None = None
 
 
 def sample_solutions(lm: ChatModel, tasks: Sequence, per_task: int, *, config: agent.AgentConfig,
@@ -59,6 +61,7 @@ def run_real(pool, samples: list[Sample], tasks: dict) -> float:
     for s, fut in zip(samples, futures):
         result = fut.result()
         s.real_status, s.real_reward, s.real_position = result.status, result.reward, result.position_score
+        s.real_error_type = result.error_type
     return time.perf_counter() - start
 
 
@@ -84,7 +87,83 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     return float(stats.spearmanr(x, y).statistic)
 
 
-def summarize(samples: Sequence[Sample]) -> dict:
+# --------------------------------------------------------------------------- baselines and the policy's spread
+
+_MODEL_LINE = re.compile(r"^model\s*=\s*(.+)$", re.M)
+_WRAPPERS = {"make_pipeline", "StandardScaler", "MultiOutputRegressor", "Pipeline", "MinMaxScaler"}
+
+
+def model_line(code: str | None) -> str | None:
+    """The program's ``model = ...`` expression (the estimator and its settings), or None."""
+    m = _MODEL_LINE.search(code or "")
+    return " ".join(m.group(1).split()) if m else None
+
+
+def estimator_class(code: str | None) -> str | None:
+    """The estimator class a program fits (``Ridge`` for ``make_pipeline(StandardScaler(), linear_model.Ridge())``)."""
+    line = model_line(code)
+    if line is None:
+        return None
+    names = [n for n in re.findall(r"(\w+)\s*\(", line) if n not in _WRAPPERS]
+    return names[0] if names else None
+
+
+def lookup_table(entries: Sequence[dict]) -> dict:
+    """The baseline a world model must beat: mean real reward per estimator class, over `entries` (train runs).
+
+    ``{"by_class": {class: mean reward}, "default": mean over all}``; a
+    program whose class the table has not seen gets the default. It reads the
+    estimator and nothing else: it cannot tell a misspelt column from a good one.
+    """
+    rewards: dict[str, list[float]] = {}
+    everything = []
+    for e in entries:
+        if e.get("reward") is None:
+            continue
+        everything.append(e["reward"])
+        cls = estimator_class(e.get("code"))
+        if cls is not None:
+            rewards.setdefault(cls, []).append(e["reward"])
+    return {"by_class": {c: float(np.mean(r)) for c, r in sorted(rewards.items())},
+            "default": float(np.mean(everything)) if everything else float("nan")}
+
+
+def table_reward(table: dict, code: str | None) -> float:
+    return table["by_class"].get(estimator_class(code), table["default"])
+
+
+def policy_spread(samples: Sequence[Sample], group_size: int = 4) -> dict:
+    """How different a group's rollouts are: GRPO learns nothing from a group of identical programs.
+
+    Sampled solutions of each task, in sampling order, cut into groups of
+    `group_size` (as the loop's groups are drawn). Per group: the number of
+    distinct estimator classes, of distinct model lines (class + settings),
+    and the population standard deviation of the real rewards; means over
+    groups, and the share of groups whose real rewards are all equal.
+    """
+    by_task: dict[str, list[Sample]] = {}
+    for s in samples:
+        if s.origin == "sampled":
+            by_task.setdefault(s.task, []).append(s)
+    classes, lines, sds, flat = [], [], [], []
+    for rows in by_task.values():
+        for lo in range(0, len(rows) - group_size + 1, group_size):
+            group = rows[lo:lo + group_size]
+            classes.append(len({estimator_class(s.code) for s in group}))
+            lines.append(len({model_line(s.code) for s in group}))
+            rewards = [s.real_reward for s in group if s.real_reward is not None]
+            if len(rewards) == group_size:
+                sds.append(float(np.std(rewards)))
+                flat.append(float(np.ptp(rewards) == 0))
+    if not classes:
+        return {}
+    return {"groups": len(classes), "group_size": group_size, "distinct_estimators": float(np.mean(classes)),
+            "distinct_model_lines": float(np.mean(lines)),
+            "reward_sd": float(np.mean(sds)) if sds else float("nan"),
+            "identical_reward_groups": float(np.mean(flat)) if flat else float("nan")}
+
+
+def summarize(samples: Sequence[Sample], table: dict | None = None) -> dict:
     """The figures of one split: counts, status accuracy, confusion matrix, Spearman, bias per bucket."""
     known = [s for s in samples if s.real_status in REAL_STATUSES]
     confusion = np.zeros((len(REAL_STATUSES), len(PREDICTED)), int)
@@ -100,6 +179,20 @@ def summarize(samples: Sequence[Sample]) -> dict:
         rows = [s for s in graded if s.real_status == "valid" and world_model.quality_bucket(s.real_position) == bucket]
         if rows:
             bias[bucket] = {"n": len(rows), "mean_bias": float(np.mean([s.wm.reward - s.real_reward for s in rows]))}
+    # Detection rates over what the model decides (gate cases excluded: the gate is exact by construction).
+    failing = [s for s in asked if s.real_status in ("runtime_err", "ran_no_sub")]
+    valid = [s for s in asked if s.real_status == "valid"]
+    runtime = [s for s in failing if s.real_status == "runtime_err"]
+    detection = {
+        "failing_predicted_failing": float(np.mean([s.wm.status not in ("valid", None) for s in failing]))
+        if failing else float("nan"),
+        "valid_predicted_valid": float(np.mean([s.wm.status == "valid" for s in valid])) if valid else float("nan"),
+        "runtime_error_type_accuracy": float(np.mean([s.wm.status == "runtime_err" and s.wm.error_type is not None
+                                                      and s.wm.error_type.split(":")[0].split(" ")[0]
+                                                      == (s.real_error_type or "") for s in runtime]))
+        if runtime else float("nan"),
+        "failing": len(failing), "valid": len(valid), "runtime_err": len(runtime),
+    }
     failed = [s for s in graded if s.real_status != "valid"]
     if failed:
         bias["failed runs"] = {"n": len(failed), "mean_bias": float(np.mean([s.wm.reward - s.real_reward
@@ -113,6 +206,8 @@ def summarize(samples: Sequence[Sample]) -> dict:
         if asked else float("nan"),
         "ungraded": int(sum(s.wm is None or s.wm.reward is None for s in known)),
         "spearman": spearman(wm, real),
+        "table_spearman": spearman([table_reward(table, s.code) for s in graded], real) if table else float("nan"),
+        **detection,
         "mean_bias": float(np.mean(wm - real)) if graded else float("nan"),
         "bias_by_real_bucket": bias,
         "confusion": {"rows (real)": list(REAL_STATUSES), "columns (predicted)": list(PREDICTED),
@@ -128,13 +223,29 @@ def format_report(report: dict) -> str:
                      f"{figs['real_valid_rate']:.2f}) ==")
         lines.append(f"status accuracy {figs['status_accuracy']:.3f} (model-decided only "
                      f"{figs['status_accuracy_model_only']:.3f}), ungraded {figs['ungraded']}, "
-                     f"Spearman(wm, real) {figs['spearman']:.3f}, mean bias {figs['mean_bias']:+.3f}")
+                     f"Spearman(wm, real) {figs['spearman']:.3f} (estimator lookup table "
+                     f"{figs.get('table_spearman', float('nan')):.3f}), mean bias {figs['mean_bias']:+.3f}")
+        lines.append(f"failing runs predicted failing {figs['failing_predicted_failing']:.2f} (n={figs['failing']}), "
+                     f"valid runs predicted valid {figs['valid_predicted_valid']:.2f} (n={figs['valid']}), "
+                     f"runtime error type right {figs['runtime_error_type_accuracy']:.2f} (n={figs['runtime_err']})")
         for bucket, b in figs["bias_by_real_bucket"].items():
             lines.append(f"  bias on real '{bucket}': {b['mean_bias']:+.3f} (n={b['n']})")
         conf = figs["confusion"]
         lines.append("  real \\ predicted " + " ".join(f"{c[:10]:>10}" for c in conf["columns (predicted)"]))
         for name, row in zip(conf["rows (real)"], conf["counts"]):
             lines.append(f"  {name:>16} " + " ".join(f"{v:>10d}" for v in row))
+    for key, figs in report.get("by_origin", {}).items():
+        lines.append(f"  {key:>14}: {figs['solutions']:>4} solutions, Spearman(wm, real) {figs['spearman']:.3f} "
+                     f"(lookup table {figs.get('table_spearman', float('nan')):.3f}), failing predicted failing "
+                     f"{figs['failing_predicted_failing']:.2f} (n={figs['failing']}), valid predicted valid "
+                     f"{figs['valid_predicted_valid']:.2f} (n={figs['valid']})")
+    for split, spread in report.get("policy_spread", {}).items():
+        if spread:
+            lines.append(f"policy spread on {split} tasks ({spread['groups']} groups of {spread['group_size']} "
+                         f"sampled programs): {spread['distinct_estimators']:.2f} distinct estimators, "
+                         f"{spread['distinct_model_lines']:.2f} distinct model lines, real-reward sd "
+                         f"{spread['reward_sd']:.3f}, groups with identical rewards "
+                         f"{spread['identical_reward_groups']:.0%}")
     cost = report["cost"]
     lines.append(f"cost: {cost['wm_predictions_per_s']:.2f} world-model predictions/s vs "
                  f"{cost['real_executions_per_s']:.2f} real executions/s ({cost['speedup']:.1f}x), "
@@ -187,5 +298,6 @@ def plot(report: dict, samples: Sequence[Sample], path) -> None:
     plt.close(fig)
 
 
-__all__ = ["PREDICTED", "REAL_STATUSES", "Sample", "format_report", "plot", "run_real", "run_world_model",
-           "sample_solutions", "spearman", "summarize"]
+__all__ = ["PREDICTED", "REAL_STATUSES", "Sample", "estimator_class", "format_report", "lookup_table", "model_line",
+           "plot", "policy_spread", "run_real", "run_world_model", "sample_solutions", "spearman", "summarize",
+           "table_reward"]
