@@ -171,6 +171,14 @@ def format_answer(status: str, *, error: str | None = None, bucket: str | None =
 _FIELD = re.compile(r"^\s*(STATUS|ERROR|QUALITY|FEEDBACK)\s*:[ \t]*(.*?)\s*$", re.M | re.I)
 
 
+def _first_fields(pattern: re.Pattern, text: str) -> dict[str, str]:
+    """KEY -> value of the first ``KEY: value`` line `pattern` finds for each key (keys upper-cased)."""
+    fields: dict[str, str] = {}
+    for key, value in pattern.findall(text):
+        fields.setdefault(key.upper(), value)
+    return fields
+
+
 def parse_answer(text: str) -> tuple[str, str | None, str | None, str] | None:
     """(status, error, bucket, feedback) from a world-model answer, or None when unusable.
 
@@ -180,9 +188,7 @@ def parse_answer(text: str) -> tuple[str, str | None, str | None, str] | None:
     """
     if not isinstance(text, str):
         return None
-    fields = {}
-    for key, value in _FIELD.findall(text):
-        fields.setdefault(key.upper(), value)
+    fields = _first_fields(_FIELD, text)
     status = fields.get("STATUS", "").strip().lower()
     if status not in STATUSES:
         return None
@@ -406,9 +412,7 @@ def parse_check_answer(text: str) -> tuple[str, float, str | None, str | None] |
     """
     if not isinstance(text, str):
         return None
-    fields = {}
-    for key, value in _CHECK_FIELD.findall(text):
-        fields.setdefault(key.upper(), value)
+    fields = _first_fields(_CHECK_FIELD, text)
     verdict = fields.get("VERDICT", "").strip().lower()
     try:
         confidence = float(fields.get("CONFIDENCE", ""))
