@@ -391,7 +391,10 @@ def check_messages(task, code: str, config: WorldModelConfig, check: str) -> lis
 
 def format_check_answer(verdict: str, confidence: float, error: str | None = None,
                         feedback: str | None = None) -> str:
-    """A check's answer text, in the format `parse_check_answer` reads (None error / feedback: "none")."""
+    """A check's answer text, in the format `parse_check_answer` reads.
+
+    Confidence is written with two decimals; a None (or empty) error or feedback is written "none".
+    """
     if verdict not in VERDICTS:
         raise ValueError(f"verdict: got {verdict!r}, expected one of {VERDICTS}")
     if not 0.0 <= float(confidence) <= 1.0:
