@@ -149,3 +149,184 @@ def test_column_inventory_lists_every_column_once(task):
     columns = pd.read_csv(pathlib.Path(task.public_dir) / "train.csv", nrows=1).columns
     assert all(f"{c} (" in train_line for c in columns)
     assert "test.csv:" in text and "range [" not in text
+
+
+# --------------------------------------------------------------------------- decomposed design
+
+DECOMPOSED = dataclasses.replace(CONFIG, design="decomposed")
+PASS = world_model.format_check_answer("pass", 0.9)
+
+
+def _answers(**fails) -> list[str]:
+    """One answer per check in `CHECKS` order: pass, except the named checks, which get the given answer text."""
+    return [fails.get(name, PASS) for name in world_model.CHECKS]
+
+
+def test_design_is_validated():
+    with pytest.raises(ValueError, match=r"WorldModelConfig\.design: got 'mixed', expected one of "
+                                         r"\('holistic', 'decomposed'\)"):
+        world_model.WorldModelConfig(design="mixed")
+    assert world_model.WorldModelConfig().design == "holistic"
+
+
+@pytest.mark.parametrize("verdict, confidence, error, feedback", [
+    ("pass", 0.9, None, None),
+    ("fail", 0.75, "KeyError line 12", "Execution failed: KeyError: 'Speceis'"),
+    ("fail", 1.0, "TimeoutError", "Execution failed: the program timed\n out after 120 s."),
+    ("pass", 0.0, None, "Looks fine."),
+])
+def test_check_answer_round_trip(verdict, confidence, error, feedback):
+    text = world_model.format_check_answer(verdict, confidence, error, feedback)
+    expected_feedback = None if feedback is None else " ".join(feedback.split())
+    assert world_model.parse_check_answer(text) == (verdict, confidence, error, expected_feedback)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("verdict: FAIL\nconfidence: .6\nerror: NameError line 3\nfeedback: none", ("fail", 0.6, "NameError line 3", None)),
+    ("VERDICT: pass\nCONFIDENCE: 0.8\nERR", ("pass", 0.8, None, None)),   # truncated after the two that matter
+    ("VERDICT: pass\nERROR: none", None),                                # no confidence
+    ("VERDICT: pass\nCONFIDENCE: high", None),
+    ("VERDICT: pass\nCONFIDENCE: 1.5", None),
+    ("VERDICT: maybe\nCONFIDENCE: 0.5", None),
+    ("It will probably work.", None),
+    ("", None),
+    (None, None),
+])
+def test_parse_check_answer(text, expected):
+    assert world_model.parse_check_answer(text) == expected
+
+
+def test_quality_answer_round_trip():
+    for bucket in world_model.BUCKETS:
+        assert world_model.parse_quality_answer(world_model.format_quality_answer(bucket)) == bucket
+    assert world_model.parse_quality_answer("quality: Mid, I think") == "mid"
+    assert world_model.parse_quality_answer("QUALITY: excellent") is None
+    assert world_model.parse_quality_answer("") is None
+    with pytest.raises(ValueError, match="bucket"):
+        world_model.format_quality_answer("excellent")
+    with pytest.raises(ValueError, match="verdict"):
+        world_model.format_check_answer("maybe", 0.5)
+    with pytest.raises(ValueError, match="confidence"):
+        world_model.format_check_answer("pass", 1.5)
+
+
+def test_checks_combine_by_precedence_on_the_ladder():
+    """Worked by hand: runtime fail > submission fail > valid with the rubric's bucket; garbage is ungraded."""
+    data = world_model.format_check_answer("fail", 0.8, "KeyError line 12", "Execution failed: KeyError: 'Sepal'")
+    shape = world_model.format_check_answer("fail", 0.6, "ValueError line 20")
+    sub = world_model.format_check_answer("fail", 0.95, "missing column Species")
+
+    pred = world_model.combine_checks(_answers(data_references=data, submission=sub), "QUALITY: high", CONFIG)
+    assert (pred.status, pred.reward, pred.bucket, pred.error_type) == ("runtime_err", 0.1, None, "KeyError line 12")
+    assert pred.feedback == "Execution failed: KeyError: 'Sepal'"
+    assert dict((c[0], c[1:]) for c in pred.checks)["data_references"] == ("fail", 0.8, "KeyError line 12")
+    # Two runtime fails: the more confident one names the error (0.8 > 0.6), whatever the order.
+    pred = world_model.combine_checks(_answers(shapes_and_types=shape, data_references=data), "", CONFIG)
+    assert pred.error_type == "KeyError line 12"
+
+    pred = world_model.combine_checks(_answers(submission=sub), "QUALITY: high", CONFIG)
+    assert (pred.status, pred.reward, pred.bucket) == ("ran_no_sub", 0.2, None)
+    assert pred.error_type == "missing column Species"
+    assert pred.feedback == world_model.default_feedback("ran_no_sub", "missing column Species")
+
+    pred = world_model.combine_checks(_answers(), "QUALITY: high", CONFIG)
+    assert (pred.status, pred.bucket) == ("valid", "high") and pred.reward == pytest.approx(0.5 + 0.5 * 0.875)
+    assert pred.reward == grading.ladder_reward("valid", 0.875)
+    # Checks that do not parse abstain; the ones that do decide.
+    pred = world_model.combine_checks(_answers(submission="garbage", api_calls=""), "QUALITY: low", CONFIG)
+    assert (pred.status, pred.reward) == ("valid", 0.5 + 0.5 * 0.125)
+    assert dict((c[0], c[1:]) for c in pred.checks)["submission"] == (None, None, None)
+
+    # Ungraded, never 0: every check unparseable; or valid with an unparseable rubric.
+    for answers, quality in ((["garbage"] * len(world_model.CHECKS), "QUALITY: high"), (_answers(), "QUALITY: ?")):
+        pred = world_model.combine_checks(answers, quality, CONFIG)
+        assert pred.reward is None and pred.status is None
+    # A runtime fail needs no rubric.
+    assert world_model.combine_checks(_answers(data_references=data), "garbage", CONFIG).reward == 0.1
+
+
+def test_check_prompts_share_the_holistic_user_message(task):
+    code = "import os\nx = 1\n"
+    user = world_model.messages(task, code, CONFIG)[1]["content"]
+    systems = set()
+    for check in (*world_model.CHECKS, world_model.RUBRIC):
+        msgs = world_model.check_messages(task, code, CONFIG, check)
+        assert msgs[1] == {"role": "user", "content": user}
+        systems.add(msgs[0]["content"])
+        assert ("QUALITY:" if check == world_model.RUBRIC else "VERDICT: pass | fail") in msgs[0]["content"]
+    assert len(systems) == len(world_model.CHECKS) + 1                 # one system prompt per check
+    assert set(world_model.RUNTIME_CHECKS) == set(world_model.CHECKS) - {"submission"}
+    assert "scikit-learn " in world_model.check_system_prompt("api_calls")   # with its installed version
+    with pytest.raises(ValueError, match="check: got 'style'"):
+        world_model.check_messages(task, code, CONFIG, "style")
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    return chat.load_chat_model(save_tiny_qwen3(tmp_path_factory.mktemp("m"), seed=1))
+
+
+def test_decomposed_predict_asks_every_check_of_every_solution_in_one_generate_call(monkeypatch, task, tiny_lm):
+    """A fake generator answers by (solution, question): it reads both from the decoded prompt."""
+    from wmrl_jax import sampling
+
+    data = world_model.format_check_answer("fail", 0.8, "KeyError line 1")
+    sub = world_model.format_check_answer("fail", 0.7, "no submission file")
+    canned = {   # solution marker -> (answers per check, rubric answer)
+        "a = 1": (_answers(data_references=data, submission=sub), "QUALITY: high"),
+        "b = 2": (_answers(submission=sub), "QUALITY: high"),
+        "c = 3": (_answers(), "QUALITY: high"),
+        "d = 4": (["nonsense"] * len(world_model.CHECKS), "no idea"),
+    }
+    calls = []
+
+    def fake_generate(lm, prompts, **kwargs):
+        calls.append(len(prompts))
+        tokens = []
+        for ids in prompts:
+            text = tiny_lm.decode(ids)
+            marker = next(m for m in canned if f"{m}  # 1" in text)
+            checks, quality = canned[marker]
+            if world_model.WM_SYSTEM_PROMPT in text:
+                answer = world_model.format_answer("valid", bucket="low")
+            elif world_model.QUALITY_SYSTEM_PROMPT in text:
+                answer = quality
+            else:
+                answer = next(a for c, a in zip(world_model.CHECKS, checks)
+                              if world_model.check_system_prompt(c) in text)
+            tokens.append(tiny_lm.encode(answer))
+        return sampling.GenerateResult(tokens=tokens, logprobs=[], lengths=None, finished=None)
+
+    monkeypatch.setattr(sampling, "generate", fake_generate)
+    codes = [None, "a = 1\n", "def f(:\n", "b = 2\n", "c = 3\n", "d = 4\n"]
+    config = dataclasses.replace(DECOMPOSED, num_samples=2)
+    preds = world_model.predict(tiny_lm, [task] * len(codes), codes, config=config)
+    asked = 4
+    assert calls == [asked * (len(world_model.CHECKS) + 1) * 2]      # one call: 4 solutions x 8 questions x K=2
+    assert [(p.status, p.gated) for p in preds[::2][:2]] == [("malformed", True), ("syntax_err", True)]
+    assert [p.reward for p in preds] == [0.0, 0.1, 0.0, 0.2, pytest.approx(0.5 + 0.5 * 0.875), None]
+    assert [p.status for p in preds] == ["malformed", "runtime_err", "syntax_err", "ran_no_sub", "valid", None]
+    assert preds[1].error_type == "KeyError line 1" and preds[3].error_type == "no submission file"
+    assert preds[0].checks is None and len(preds[1].checks) == len(world_model.CHECKS)
+    assert preds[1].raw_text.count("\n=====\n") == 1                 # the K=2 samples, both kept
+    assert len(repr(preds[1])) < 200
+
+    # The holistic design still asks one question per solution (x K) in one call.
+    calls.clear()
+    preds = world_model.predict(tiny_lm, [task] * len(codes), codes,
+                                config=dataclasses.replace(config, design="holistic"))
+    assert calls == [asked * 2]
+    assert [p.status for p in preds] == ["malformed", "valid", "syntax_err", "valid", "valid", "valid"]
+    assert all(p.checks is None for p in preds)
+
+
+def test_decomposed_gate_needs_no_model_call(monkeypatch, task, tiny_lm):
+    from wmrl_jax import sampling
+
+    def no_generate(*args, **kwargs):
+        raise AssertionError("the gate decides these without the model")
+
+    monkeypatch.setattr(sampling, "generate", no_generate)
+    preds = world_model.predict(tiny_lm, [task] * 3, [None, "", "def f(:\n"], config=DECOMPOSED)
+    assert [(p.status, p.reward, p.gated, p.checks) for p in preds] == \
+        [("malformed", 0.0, True, None), ("malformed", 0.0, True, None), ("syntax_err", 0.0, True, None)]

@@ -23,11 +23,24 @@ WMRL replaces most sandbox executions by this prediction (docs/design.md,
 
 An answer that cannot be parsed is *ungraded*: reward None, excluded from the
 advantages downstream -- never 0, which would be a confident "syntax error".
+
+That is the *holistic* design (`WorldModelConfig.design = "holistic"`, the
+default): one question, one answer. The paper also describes a *decomposed*
+design (`design = "decomposed"`): stage 2 becomes seven focused checks
+(`CHECKS`) and a quality rubric, asked in parallel on the same task, data and
+listing, each with its own system prompt, and their verdicts are combined by
+precedence on the same ladder (see `combine_checks`). Why both: a single
+answer must trace every failure mode at once, and a small model tends to stop
+at the first plausible one; a focused question is easier, but seven of them
+must all stay quiet on a working program, so false alarms add up. Which one
+predicts real outcomes better is measured, not assumed (`launch/wm_fidelity.py
+--designs=holistic,decomposed`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections import Counter
 from typing import Sequence
@@ -35,7 +48,7 @@ from typing import Sequence
 import numpy as np
 
 from wmrl_jax import sampling
-from wmrl_jax.agent import _cap, data_inventory, target_columns, task_overview
+from wmrl_jax.agent import SANDBOX_PACKAGES, _cap, data_inventory, target_columns, task_overview
 from wmrl_jax.chat import ChatModel
 
 STATUSES = ("syntax_err", "runtime_err", "ran_no_sub", "valid")   # what the model may answer
@@ -43,6 +56,13 @@ BUCKETS = ("low", "fair", "mid", "high")
 # Each quality bucket stands for a quarter of the leaderboard; its reward uses the quarter's midpoint.
 BUCKET_EDGES = (0.25, 0.5, 0.75)
 DEFAULT_BUCKET_POSITIONS = (("low", 0.125), ("fair", 0.375), ("mid", 0.625), ("high", 0.875))
+DESIGNS = ("holistic", "decomposed")
+# The decomposed design's focused checks, in the order they are asked (and break ties in confidence).
+RUNTIME_CHECKS = ("imports_and_names", "api_calls", "data_references", "shapes_and_types", "compute_budget",
+                  "other_runtime")
+CHECKS = (*RUNTIME_CHECKS, "submission")
+RUBRIC = "quality"   # the decomposed design's quality question, asked alongside the checks
+VERDICTS = ("pass", "fail")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +79,12 @@ class WorldModelConfig:
     num_samples: int = 1           # K answers per solution, rewards averaged (status: the most common)
     # bucket -> leaderboard position in [0, 1] used on the reward ladder (0.5 + 0.5 * position).
     bucket_positions: tuple[tuple[str, float], ...] = DEFAULT_BUCKET_POSITIONS
+    # "holistic": one answer per solution; "decomposed": len(CHECKS) checks + the rubric per solution.
+    design: str = "holistic"
 
     def __post_init__(self):
+        if self.design not in DESIGNS:
+            raise ValueError(f"WorldModelConfig.design: got {self.design!r}, expected one of {DESIGNS}")
         for name in ("overview_chars", "inventory_chars", "code_chars", "max_new_tokens", "num_samples"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or value < 1:
@@ -83,6 +107,8 @@ class Prediction:
     feedback: the synthetic execution feedback the agent reads next.
     raw_text: the model's answer(s) ("" when the gate decided).
     gated: True when the deterministic gate decided without calling the model.
+    checks: decomposed design only: (name, verdict, confidence, error) per check in `CHECKS` order, from
+      the sample whose outcome the prediction reports (verdict etc. None where that check did not parse).
     """
 
     status: str | None
@@ -92,11 +118,13 @@ class Prediction:
     raw_text: str
     error_type: str | None = None
     gated: bool = False
+    checks: tuple | None = None
 
     def __repr__(self) -> str:
         reward = "None" if self.reward is None else f"{self.reward:.3f}"
+        failed = "" if self.checks is None else f", failed={tuple(c[0] for c in self.checks if c[1] == 'fail')}"
         return (f"Prediction(status={self.status!r}, bucket={self.bucket!r}, reward={reward}, "
-                f"error_type={self.error_type!r}, gated={self.gated})")
+                f"error_type={self.error_type!r}, gated={self.gated}{failed})")
 
 
 # --------------------------------------------------------------------------- answer format
@@ -143,6 +171,14 @@ def format_answer(status: str, *, error: str | None = None, bucket: str | None =
 _FIELD = re.compile(r"^\s*(STATUS|ERROR|QUALITY|FEEDBACK)\s*:[ \t]*(.*?)\s*$", re.M | re.I)
 
 
+def _first_fields(pattern: re.Pattern, text: str) -> dict[str, str]:
+    """KEY -> value of the first ``KEY: value`` line `pattern` finds for each key (keys upper-cased)."""
+    fields: dict[str, str] = {}
+    for key, value in pattern.findall(text):
+        fields.setdefault(key.upper(), value)
+    return fields
+
+
 def parse_answer(text: str) -> tuple[str, str | None, str | None, str] | None:
     """(status, error, bucket, feedback) from a world-model answer, or None when unusable.
 
@@ -152,9 +188,7 @@ def parse_answer(text: str) -> tuple[str, str | None, str | None, str] | None:
     """
     if not isinstance(text, str):
         return None
-    fields = {}
-    for key, value in _FIELD.findall(text):
-        fields.setdefault(key.upper(), value)
+    fields = _first_fields(_FIELD, text)
     status = fields.get("STATUS", "").strip().lower()
     if status not in STATUSES:
         return None
@@ -256,42 +290,245 @@ WM_SYSTEM_PROMPT = (
     "FEEDBACK: the execution feedback the author would read")
 
 
-def messages(task, code: str, config: WorldModelConfig) -> list[dict]:
-    """System + user messages asking for a prediction of `code` on `task`."""
-    user = (f"# Task\n{task_overview(task, config.overview_chars)}\n\n"
+def _case(task, code: str, config: WorldModelConfig) -> str:
+    """The user message both designs ask about: task overview, data inventory, numbered listing (each capped)."""
+    return (f"# Task\n{task_overview(task, config.overview_chars)}\n\n"
             f"# Data\n{column_inventory(task, config.inventory_chars)}\n\n"
             f"# Solution\n{_cap(numbered(code), config.code_chars)}")
-    return [{"role": "system", "content": WM_SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+def messages(task, code: str, config: WorldModelConfig) -> list[dict]:
+    """System + user messages asking for a prediction of `code` on `task`."""
+    return [{"role": "system", "content": WM_SYSTEM_PROMPT}, {"role": "user", "content": _case(task, code, config)}]
+
+
+# --------------------------------------------------------------------------- decomposed design: prompts
+
+@functools.lru_cache(maxsize=None)
+def installed_versions() -> str:
+    """The sandbox's packages with their versions, e.g. "numpy 2.4.6, pandas 3.1.1, ...".
+
+    The sandbox runs solutions with this interpreter's packages (`sandbox.isolation`), so these are the
+    versions whose APIs the api_calls check must judge against.
+    """
+    from importlib import metadata
+
+    def version(name):
+        try:
+            return f"{name} {metadata.version(name)}"
+        except metadata.PackageNotFoundError:
+            return name
+    return ", ".join(version(n) for n in SANDBOX_PACKAGES)
+
+
+# What each check looks for; every check shares the preamble and the answer format of `check_system_prompt`.
+_CHECK_FOCUS = {
+    "imports_and_names": (
+        "imports and names. Fail when a module that is not installed is imported, a name is imported from a "
+        "module that does not define it (ImportError, ModuleNotFoundError), a name is used but never defined or "
+        "imported (NameError), or a local is read before it is assigned (UnboundLocalError)."),
+    "api_calls": (
+        "API calls, for the installed versions: {versions}. Fail when a function, method, attribute or "
+        "keyword argument does not exist in that version (e.g. DataFrame.append, removed in pandas 2), or a "
+        "method is called on an object of the wrong type (AttributeError, TypeError)."),
+    "data_references": (
+        "files and columns, against the data inventory. Fail when a file that is not listed is opened "
+        "(FileNotFoundError), a column is misspelt or absent from the file it is read from, a column is read "
+        "after it was dropped, the target is dropped before it is read or is kept as a feature and then looked "
+        "up in test.csv, which lacks it (KeyError)."),
+    "shapes_and_types": (
+        "shapes, dtypes and labels. Fail when a string column or NaN reaches an estimator that rejects them, "
+        "class labels are predicted where probabilities are needed (or the reverse), arrays of different lengths "
+        "are combined, or a 2-D target reaches a single-output estimator (ValueError)."),
+    "compute_budget": (
+        "the compute budget. Fail when fitting or predicting cannot finish within the sandbox's time limit or "
+        "memory for the data's size (the inventory's rows and columns) and this estimator and search (a "
+        "timeout, MemoryError)."),
+    "other_runtime": (
+        "any other runtime error, not one of imports and names, API calls, data references, shapes and types "
+        "or the compute budget: e.g. NotFittedError, IndexError, ZeroDivisionError, a failing assert."),
+    "submission": (
+        "the submission, assuming the program runs to its end. Fail when it writes no CSV to the path in "
+        "os.environ['SUBMISSION_PATH'], or the file lacks the columns of sample_submission.csv or has a row "
+        "count other than test.csv's; ERROR then names what is wrong (e.g. 'missing column Species')."),
+}
+
+_CHECK_PREAMBLE = (
+    "You are one focused check of a world model of a code-execution sandbox. Given a Kaggle-style task, its data "
+    "inventory and a Python solution (each line's number in a trailing comment), judge one aspect of running the "
+    "solution, without running it: {focus}\nJudge only this aspect; answer fail only for a specific line that "
+    "certainly fails. Answer in exactly this format:\n"
+    "VERDICT: pass | fail\n"
+    "CONFIDENCE: 0.0-1.0 (how sure you are of the verdict)\n"
+    "ERROR: the exception type and line of a fail (e.g. KeyError line 12), or none\n"
+    "FEEDBACK: the execution feedback the author would read, or none")
+
+QUALITY_SYSTEM_PROMPT = (
+    "You are the quality rubric of a world model of a code-execution sandbox. Given a Kaggle-style task, its data "
+    "inventory and a Python solution, assume it runs and writes a valid submission, and judge where its score "
+    "would rank on the task's leaderboard, by quarter: low (bottom quarter), fair, mid, high (top quarter). "
+    "Weigh whether the estimator suits the data, how features and missing values are handled, and whether the "
+    "predictions have the form the metric needs. Answer in exactly this format:\n"
+    "QUALITY: low | fair | mid | high")
+
+
+def check_system_prompt(check: str) -> str:
+    """The system prompt of one decomposed check (a name in `CHECKS`) or of the rubric (`RUBRIC`)."""
+    if check == RUBRIC:
+        return QUALITY_SYSTEM_PROMPT
+    if check not in CHECKS:
+        raise ValueError(f"check: got {check!r}, expected one of {(*CHECKS, RUBRIC)}")
+    return _CHECK_PREAMBLE.format(focus=_CHECK_FOCUS[check].format(versions=installed_versions()))
+
+
+def check_messages(task, code: str, config: WorldModelConfig, check: str) -> list[dict]:
+    """System + user messages of one decomposed check (or the rubric); the user message is the holistic one."""
+    return [{"role": "system", "content": check_system_prompt(check)},
+            {"role": "user", "content": _case(task, code, config)}]
+
+
+# --------------------------------------------------------------------------- decomposed design: answers
+
+def format_check_answer(verdict: str, confidence: float, error: str | None = None,
+                        feedback: str | None = None) -> str:
+    """A check's answer text, in the format `parse_check_answer` reads.
+
+    Confidence is written with two decimals; a None (or empty) error or feedback is written "none".
+    """
+    if verdict not in VERDICTS:
+        raise ValueError(f"verdict: got {verdict!r}, expected one of {VERDICTS}")
+    if not 0.0 <= float(confidence) <= 1.0:
+        raise ValueError(f"confidence: got {confidence!r}, expected a number in [0, 1]")
+    feedback = "none" if not feedback else " ".join(feedback.split())
+    return f"VERDICT: {verdict}\nCONFIDENCE: {float(confidence):.2f}\nERROR: {error or 'none'}\nFEEDBACK: {feedback}"
+
+
+_CHECK_FIELD = re.compile(r"^\s*(VERDICT|CONFIDENCE|ERROR|FEEDBACK)\s*:[ \t]*(.*?)\s*$", re.M | re.I)
+
+
+def parse_check_answer(text: str) -> tuple[str, float, str | None, str | None] | None:
+    """(verdict, confidence, error, feedback) from a check's answer, or None when unusable.
+
+    Usable means: a VERDICT line reading pass or fail and a CONFIDENCE line
+    holding a number in [0, 1] (the first of each counts). ERROR and FEEDBACK
+    are optional; missing or "none" gives None.
+    """
+    if not isinstance(text, str):
+        return None
+    fields = _first_fields(_CHECK_FIELD, text)
+    verdict = fields.get("VERDICT", "").strip().lower()
+    try:
+        confidence = float(fields.get("CONFIDENCE", ""))
+    except ValueError:
+        return None
+    if verdict not in VERDICTS or not 0.0 <= confidence <= 1.0:
+        return None
+    error, feedback = (None if fields.get(k, "").strip().lower() in ("", "none") else fields[k].strip()
+                       for k in ("ERROR", "FEEDBACK"))
+    return verdict, confidence, error, feedback
+
+
+def format_quality_answer(bucket: str) -> str:
+    """The rubric's answer text, in the format `parse_quality_answer` reads."""
+    if bucket not in BUCKETS:
+        raise ValueError(f"bucket: got {bucket!r}, expected one of {BUCKETS}")
+    return f"QUALITY: {bucket}"
+
+
+_QUALITY = re.compile(r"^\s*QUALITY\s*:[ \t]*(\w+)", re.M | re.I)
+
+
+def parse_quality_answer(text: str) -> str | None:
+    """The bucket of the rubric's first QUALITY line, or None when there is none or it names no bucket."""
+    m = _QUALITY.search(text) if isinstance(text, str) else None
+    bucket = m.group(1).lower() if m else None
+    return bucket if bucket in BUCKETS else None
+
+
+def combine_checks(answers: Sequence[str], quality: str, config: WorldModelConfig) -> Prediction:
+    """The decomposed design's outcome for ONE sample: `answers` (one per check, `CHECKS` order) + the rubric's.
+
+    Precedence, on the grader's ladder (the gate, 0.0, is decided before any check is asked):
+      1. any runtime check (`RUNTIME_CHECKS`) answers fail -> runtime_err (0.1); its error and feedback are
+         those of the failing runtime check with the highest confidence (ties: the first in `CHECKS`);
+      2. else the submission check answers fail -> ran_no_sub (0.2), with its error and feedback;
+      3. else valid: 0.5 + 0.5 * the position of the rubric's bucket (`config.bucket_positions`).
+    A check whose answer does not parse abstains: it neither fails nor vouches (so the remaining checks
+    decide). Ungraded (status and reward None, never 0): every check's answer unparseable, or the
+    outcome is valid but the rubric names no bucket.
+    """
+    if len(answers) != len(CHECKS):
+        raise ValueError(f"answers: got {len(answers)}, expected one per check ({len(CHECKS)})")
+    parsed = dict(zip(CHECKS, map(parse_check_answer, answers)))
+    checks = tuple((name, *(p[:3] if p else (None, None, None))) for name, p in parsed.items())
+    raw = "\n---\n".join(f"[{name}]\n{text}" for name, text in zip((*CHECKS, RUBRIC), (*answers, quality)))
+    ungraded = Prediction(status=None, bucket=None, reward=None, feedback="", raw_text=raw, checks=checks)
+    if all(p is None for p in parsed.values()):
+        return ungraded
+    runtime = [(name, parsed[name]) for name in RUNTIME_CHECKS if parsed[name] and parsed[name][0] == "fail"]
+    bucket = None
+    if runtime:
+        name, (_, _, error, feedback) = max(runtime, key=lambda r: r[1][1])   # max keeps the first of ties
+        status = "runtime_err"
+    elif parsed["submission"] and parsed["submission"][0] == "fail":
+        status, (_, _, error, feedback) = "ran_no_sub", parsed["submission"]
+    else:
+        status, error, feedback, bucket = "valid", None, None, parse_quality_answer(quality)
+        if bucket is None:
+            return ungraded
+    return Prediction(status=status, bucket=bucket, reward=ladder_reward(status, bucket, config),
+                      feedback=feedback or default_feedback(status, error, bucket), raw_text=raw,
+                      error_type=error, checks=checks)
 
 
 # --------------------------------------------------------------------------- predict
 
+def _vote(samples: Sequence[Prediction], raw: str) -> Prediction:
+    """K sampled outcomes of one solution as one prediction.
+
+    The reward is the mean over the graded samples (None when none is); the status is the most common
+    among them, and the error, bucket, feedback and checks are those of the first sample with it.
+    """
+    graded = [p for p in samples if p.reward is not None]
+    if not graded:
+        return Prediction(status=None, bucket=None, reward=None, feedback="", raw_text=raw,
+                          checks=samples[0].checks if samples else None)
+    status = Counter(p.status for p in graded).most_common(1)[0][0]
+    first = next(p for p in graded if p.status == status)
+    return dataclasses.replace(first, reward=float(np.mean([p.reward for p in graded])), raw_text=raw)
+
+
 def _combine(answers: Sequence[str], config: WorldModelConfig) -> Prediction:
-    parsed = [p for p in map(parse_answer, answers) if p is not None]
-    raw = "\n---\n".join(answers)
-    if not parsed:
-        return Prediction(status=None, bucket=None, reward=None, feedback="", raw_text=raw)
-    rewards = [ladder_reward(s, b, config) for s, _, b, _ in parsed]
-    status = Counter(s for s, *_ in parsed).most_common(1)[0][0]
-    first = next(p for p in parsed if p[0] == status)
-    _, error, bucket, feedback = first
-    return Prediction(status=status, bucket=bucket, reward=float(np.mean(rewards)), feedback=feedback,
-                      raw_text=raw, error_type=error)
+    """The holistic design's prediction from its K answers."""
+    samples = [Prediction(status=s, bucket=b, reward=ladder_reward(s, b, config), feedback=f, raw_text="",
+                          error_type=e) for s, e, b, f in filter(None, map(parse_answer, answers))]
+    return _vote(samples, "\n---\n".join(answers))
+
+
+def _combine_decomposed(answers: Sequence[Sequence[str]], config: WorldModelConfig) -> Prediction:
+    """The decomposed design's prediction from answers[sample] = the checks' answers + the rubric's."""
+    samples = [combine_checks(a[:len(CHECKS)], a[len(CHECKS)], config) for a in answers]
+    return _vote(samples, "\n=====\n".join(p.raw_text for p in samples))
 
 
 def predict(model: ChatModel, tasks: Sequence, codes: Sequence[str | None], *, config: WorldModelConfig,
             seed: int = 0, params=None) -> list[Prediction]:
     """Predicts the outcome of `codes[i]` on `tasks[i]`; one `Prediction` per solution.
 
-    Solutions the gate decides never reach the model; the rest (x K samples)
-    go through one batched `sampling.generate` call. `params` overrides the
-    model's own (e.g. a frozen copy shared with the reference policy).
+    Solutions the gate decides never reach the model. The rest go through ONE
+    batched `sampling.generate` call: K (`config.num_samples`) samples of the
+    holistic prompt per solution, or, for the decomposed design, K samples of
+    each check's prompt and of the rubric's (the checks run in parallel);
+    sample k of a decomposed prediction combines the k-th answer of every
+    check. `params` overrides the model's own (e.g. a frozen copy shared with
+    the reference policy).
     """
     if len(tasks) != len(codes):
         raise ValueError(f"tasks and codes: {len(tasks)} tasks for {len(codes)} solutions, expected equal lengths")
     if not codes:
         raise ValueError("codes: empty batch, expected at least one solution")
     out: list[Prediction | None] = [None] * len(codes)
+    questions = (None,) if config.design == "holistic" else (*CHECKS, RUBRIC)
     ask, prompts = [], []
     for i, (task, code) in enumerate(zip(tasks, codes)):
         decided = gate(code)
@@ -302,7 +539,8 @@ def predict(model: ChatModel, tasks: Sequence, codes: Sequence[str | None], *, c
                                 error_type=error, gated=True)
             continue
         ask.append(i)
-        prompts.append(model.prompt_ids(messages(task, code, config)))
+        prompts += [model.prompt_ids(messages(task, code, config) if q is None else
+                                     check_messages(task, code, config, q)) for q in questions]
     if ask:
         lm = model.model if params is None else dataclasses.replace(model.model, params=params)
         result = sampling.generate(
@@ -310,12 +548,18 @@ def predict(model: ChatModel, tasks: Sequence, codes: Sequence[str | None], *, c
             temperature=config.temperature, top_p=config.top_p, top_k=config.top_k, eos_ids=model.eos_ids,
             pad_id=model.pad_id, seed=seed)
         texts = [model.decode(t) for t in result.tokens]
-        k = config.num_samples
+        k, q = config.num_samples, len(questions)
         for j, i in enumerate(ask):
-            out[i] = _combine(texts[j * k:(j + 1) * k], config)
+            mine = texts[j * q * k:(j + 1) * q * k]            # [question][sample], flattened
+            if config.design == "holistic":
+                out[i] = _combine(mine, config)
+            else:
+                out[i] = _combine_decomposed([mine[s::k] for s in range(k)], config)
     return out
 
 
-__all__ = ["BUCKETS", "DEFAULT_BUCKET_POSITIONS", "Prediction", "STATUSES", "WM_SYSTEM_PROMPT", "WorldModelConfig",
-           "column_inventory", "default_feedback", "format_answer", "gate", "ladder_reward", "messages", "numbered", "parse_answer",
-           "predict", "quality_bucket"]
+__all__ = ["BUCKETS", "CHECKS", "DEFAULT_BUCKET_POSITIONS", "DESIGNS", "Prediction", "QUALITY_SYSTEM_PROMPT", "RUBRIC",
+           "RUNTIME_CHECKS", "STATUSES", "VERDICTS", "WM_SYSTEM_PROMPT", "WorldModelConfig", "check_messages",
+           "check_system_prompt", "column_inventory", "combine_checks", "default_feedback", "format_answer",
+           "format_check_answer", "format_quality_answer", "gate", "installed_versions", "ladder_reward", "messages",
+           "numbered", "parse_answer", "parse_check_answer", "parse_quality_answer", "predict", "quality_bucket"]
