@@ -1,18 +1,24 @@
 """Builds the embedded micro-world: a tiny Qwen3.5 base model trained on the embedded suite (train split).
 
-    python launch/build_micro_world.py                      # into wmrl_jax/assets/micro_world (what ships)
+    python launch/build_micro_world.py                      # seed 0 into wmrl_jax/assets/micro_world (what ships)
+    python launch/build_micro_world.py --seeds=0,1,2        # 3 builds; ships the best by a train-split check
     python launch/build_micro_world.py --out /tmp/mw --steps 3
 
-About 8-9 minutes on 2 CPU cores; deterministic for a given seed and code
-(build_log.json records every step's loss; the shipped weights predate a
-rounding-level change to the attention backward, so a rebuild matches their
-log for three steps, then drifts -- see `wmrl_jax.micro_world`, which also
-says what the model learns from).
+One build takes about 25-30 minutes on 2 idle CPU cores; deterministic for a
+given seed and code (build_log.json records every step's loss) and resumable
+(started again with the same flags it continues from `<out>.partial`). It
+reads the execution corpus beside the suite (`python launch/build_wm_corpus.py`
+makes it). With several seeds, each is built into `<out>.seed<k>` and checked
+on the TRAIN tasks only (`micro_world.train_split_check`: the agent's valid
+rate, then the world model's Spearman on logged train programs); the best
+is copied to `--out`. The held-out tasks never choose the shipped weights.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import sys
 
 from absl import app, flags
@@ -25,19 +31,44 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from wmrl_jax import micro_world  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", str(micro_world.shipped_path()), "Checkpoint folder to write.")
-_STEPS = flags.DEFINE_integer("steps", None, "Training steps (default: the config's epoch budget).")
+_STEPS = flags.DEFINE_integer("steps", None, "Training steps (default: the config's budget).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the corpus order, tokenizer sample, init and batches.")
+_SEEDS = flags.DEFINE_list("seeds", None, "Several seeds: build each, ship the best by the train-split check.")
+
+
+def _build(out: str, seed: int) -> dict:
+    import dataclasses
+
+    config = dataclasses.replace(micro_world.MicroWorldConfig(), seed=seed)
+    log = micro_world.build(out, config, steps=_STEPS.value)
+    print(f"micro-world seed {seed}: {log['parameters'] / 1e6:.2f}M parameters, {log['steps']} steps, "
+          f"agent reply loss {log['reply_nll'][0]:.3f} -> {log['reply_nll'][-1]:.3f}, world-model loss "
+          f"{log['world_model_nll'][0]:.3f} -> {log['world_model_nll'][-1]:.3f}, {log['seconds']:.0f} s -> {out}")
+    return log
 
 
 def main(argv):
     del argv
-    import dataclasses
-
-    config = dataclasses.replace(micro_world.MicroWorldConfig(), seed=_SEED.value)
-    log = micro_world.build(_OUT.value, config, steps=_STEPS.value)
-    print(f"micro-world: {log['parameters'] / 1e6:.2f}M parameters, {log['steps']} steps of "
-          f"{log['batch_size']} x {log['width']} tokens, reply loss {log['reply_nll'][0]:.3f} -> "
-          f"{log['reply_nll'][-1]:.3f}, {log['seconds']:.0f} s -> {_OUT.value}")
+    if not _SEEDS.value:
+        _build(_OUT.value, _SEED.value)
+        return
+    checks = {}
+    for seed in map(int, _SEEDS.value):
+        folder = f"{_OUT.value}.seed{seed}"
+        log_path = os.path.join(folder, micro_world.BUILD_LOG)
+        if not os.path.isfile(log_path):     # finished seeds are kept: the command resumes seed by seed
+            _build(folder, seed)
+        check_path = os.path.join(folder, "train_check.json")
+        if not os.path.isfile(check_path):
+            with open(check_path, "w") as f:
+                json.dump(micro_world.train_split_check(folder), f, indent=1)
+        with open(check_path) as f:
+            checks[seed] = json.load(f)
+        print(f"seed {seed} train-split check: {checks[seed]}")
+    best = max(checks, key=lambda s: (checks[s]["agent_valid_rate"], checks[s]["world_model_spearman"]))
+    shutil.rmtree(_OUT.value, ignore_errors=True)
+    shutil.copytree(f"{_OUT.value}.seed{best}", _OUT.value, ignore=shutil.ignore_patterns("train_check.json"))
+    print(f"shipped seed {best} -> {_OUT.value}")
 
 
 if __name__ == "__main__":

@@ -614,3 +614,40 @@ def _load_state(folder: pathlib.Path, fingerprint: str):
     if state.get("fingerprint") != fingerprint:
         return None
     return state["params"], state["opt_state"], state["losses"], state["step"]
+
+
+def train_split_check(path, *, per_task: int = 8, seed: int = 0, workers: int = 2) -> dict:
+    """How a built micro-world does on the TRAIN tasks: what picks the shipped seed (held-out tasks never do).
+
+    The agent: `per_task` sampled programs per train task at its sampling
+    settings, run in the sandbox (valid rate, worst task's valid rate). The
+    world model: its Spearman against the logged reward on `per_task` logged
+    programs per train task (in the agent's form). In-sample for both; it
+    ranks builds of the same recipe, it does not measure generalisation.
+    """
+    import sandbox
+    from sandbox import suite
+    from wmrl_jax import chat, fidelity
+
+    config = MicroWorldConfig()
+    lm = chat.load_chat_model(path)
+    tasks = [sandbox.load_task(p) for p in suite.list_tasks("train")]
+    codes = fidelity.sample_solutions(lm, tasks, per_task, config=config.agent, seed=seed)
+    with sandbox.SandboxPool(workers=workers, timeout_s=config.agent.timeout_s, cache=False) as pool:
+        results = pool.map([(t, c or "") for t, cs in zip(tasks, codes) for c in cs])
+    per = [sum(r.status == "valid" for r in results[i * per_task:(i + 1) * per_task]) / per_task
+           for i in range(len(tasks))]
+    rows = {row["name"]: row for row in suite.manifest()["tasks"]}
+    rng = np.random.default_rng(seed)
+    logged = []
+    for t in tasks:
+        entries = [e for e in suite.execution_log("train") if e["task"] == t.name and world_model.gate(e["code"]) is None]
+        logged += [entries[i] for i in sorted(rng.choice(len(entries), size=min(per_task, len(entries)), replace=False))]
+    by_name = {t.name: t for t in tasks}
+    preds = world_model.predict(lm, [by_name[e["task"]] for e in logged],
+                                [normalise_solution(e["code"], rows[e["task"]]["targets"]) for e in logged],
+                                config=config.world_model, seed=seed)
+    graded = [(p.reward, e["reward"]) for p, e in zip(preds, logged) if p.reward is not None]
+    return {"agent_valid_rate": float(np.mean(per)), "agent_worst_task_valid_rate": float(min(per)),
+            "world_model_spearman": fidelity.spearman(*zip(*graded)) if len(graded) >= 3 else float("nan"),
+            "world_model_graded": len(graded), "world_model_asked": len(logged)}
