@@ -116,4 +116,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=bench_common.parse_flags)
