@@ -78,3 +78,17 @@ def test_an_invalid_config_value_is_one_line_before_any_compute():
     assert proc.returncode != 0
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert lines == ["train.py: config.steps: 0, expected an int >= 1"], lines
+
+
+def test_transformers_is_imported_without_its_pytorch_notice():
+    """Without torch (a plain `pip install -e .`), `import transformers` prints "PyTorch was not found. Models
+    won't be available ..." on every run; our import of it does not. torch is hidden as a bare install lacks it."""
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRANSFORMERS_NO_ADVISORY_WARNINGS"}
+    hide_torch = "import sys; sys.modules['torch'] = None; "
+    bare = subprocess.run([sys.executable, "-c", hide_torch + "import transformers"], capture_output=True,
+                          text=True, timeout=120, env=env)
+    ours = subprocess.run([sys.executable, "-c", hide_torch + "from wmrl_jax.models.tokenizer import "
+                           "import_transformers; import_transformers().AutoConfig"], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=LAUNCH.parent)
+    assert "PyTorch was not found" in bare.stderr   # the notice is real without the helper
+    assert ours.returncode == 0 and ours.stderr == "", ours.stderr
