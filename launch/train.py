@@ -90,6 +90,10 @@ def main(argv):
         validate(config)                       # loop.train validates too; here its message is the whole output
     except ValueError as exc:
         sys.exit(f"{os.path.basename(__file__)}: {exc}")
+    if config.sandbox.get("backend", "local") == "local" and multihost.is_primary():
+        from sandbox.isolation import warn_if_no_bwrap
+
+        warn_if_no_bwrap()   # its one line before the model loads, not inside the first step's progress bar
     summary = loop.train(config)
     if multihost.is_primary():
         print(summary)

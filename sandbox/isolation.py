@@ -144,6 +144,15 @@ def _warn_no_bwrap(dropped_uid: bool) -> None:
         RuntimeWarning, __file__, 0, module=__name__, registry={})
 
 
+def warn_if_no_bwrap() -> bool:
+    """Whether bwrap is found; if not, the one-line warning (once a process). A pool can call this when it
+    starts, so the line comes before any progress bar rather than in the middle of the first step's."""
+    if bwrap_path() is not None:
+        return True
+    _warn_no_bwrap(_can_setuid(False, sys.executable))
+    return False
+
+
 def bwrap_path() -> str | None:
     """The bubblewrap binary, or None (then runs fall back, loudly)."""
     if os.environ.get("WMRL_SANDBOX_NO_BWRAP") == "1":   # lets tests exercise the fallback
@@ -567,4 +576,4 @@ def run_python(code: str, *, data_dir: str, run_dir: str, limits: Limits, hidden
 
 
 __all__: Sequence[str] = ("Limits", "RawRun", "bwrap_path", "execute", "infrastructure_failure",
-                          "kill_uid", "run_python", "thread_env", "SANDBOX_DATA", "SANDBOX_WORK")
+                          "kill_uid", "run_python", "thread_env", "warn_if_no_bwrap", "SANDBOX_DATA", "SANDBOX_WORK")
