@@ -42,7 +42,7 @@ import tempfile
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-import bench_common  # noqa: F401  (importing it quiets absl/JAX INFO logs)
+import bench_common  # importing it quiets absl/JAX INFO logs; its parse_flags makes config typos one line
 
 # Runnable as `python launch/train.py` from a checkout without installing.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,7 +50,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/*.py file (with --config.x=y overrides).")
 _SMOKE = flags.DEFINE_bool(
     "smoke", False, "Check the install: 1 training step, no held-out evaluation, in a fresh temporary workdir "
-    "(so nothing is resumed); overrides --config.steps/eval_attempts/workdir/optim.warmup_steps.")
+    "(so nothing is resumed; single-process runs only); overrides --config.steps/eval_attempts/workdir/"
+    "optim.warmup_steps.")
 _DISTRIBUTED = flags.DEFINE_enum(
     "distributed", "auto", ["auto", "on", "off"],
     "Start jax.distributed? auto: when a coordinator address or more than one process is given (flags or "
@@ -74,7 +75,6 @@ def main(argv):
     # Before anything touches a device: jax.distributed must start first.
     multihost.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, mode=_DISTRIBUTED.value)
     from wmrl_jax.train import loop
-
     from wmrl_jax.train.config import validate
 
     logging.set_verbosity(logging.WARNING)   # Orbax reports every save at INFO through absl
