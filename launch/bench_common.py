@@ -203,3 +203,66 @@ def matmul_chain_floor(weights, rows: int, repeats: int = 5, few_rows=None, devi
     torch_chain()
     theirs, _ = best_of(torch_chain, repeats)
     return ours, theirs
+
+
+def _config_fields(config, prefix: str = "") -> list[str]:
+    """Every dotted field of a ConfigDict, sub-dicts included (`rewards`, `rewards.mode`, ...)."""
+    fields = []
+    for key, value in config.items():
+        fields.append(prefix + key)
+        if hasattr(value, "items"):
+            fields += _config_fields(value, prefix + key + ".")
+    return fields
+
+
+def unknown_config_override(argv, flag: str = "config") -> str | None:
+    """One line naming the first `--config.x=...` override that is not a field of the config file, else None.
+
+    ml_collections reports such a typo as a 53-line chained traceback ending in
+    `AttributeError: "'x'"`; this names the field, the file and the closest
+    valid fields (difflib over the dotted names).
+    """
+    import difflib
+    import runpy
+
+    path = None
+    overrides = []
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"--{flag}="):
+            path = arg.split("=", 1)[1]
+        elif arg == f"--{flag}" and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif arg.startswith(f"--{flag}."):
+            overrides.append(arg[len(f"--{flag}."):].split("=", 1)[0])
+    if path is None or not overrides:
+        return None
+    file, _, config_arg = path.partition(":")
+    try:
+        get_config = runpy.run_path(file)["get_config"]
+        config = get_config(config_arg) if config_arg else get_config()
+    except Exception:   # the file itself is broken: ml_collections' own error says how
+        return None
+    fields = _config_fields(config)
+    for name in overrides:
+        if name not in fields:
+            close = difflib.get_close_matches(name, fields, n=3, cutoff=0.5)
+            hint = (f"did you mean {', '.join(close)}?" if close
+                    else f"top-level fields: {', '.join(f for f in fields if '.' not in f)}")
+            return f"--{flag}.{name}: {file} has no field {name!r}; {hint}"
+    return None
+
+
+def parse_flags(argv):
+    """absl's own flag parsing (app.run's default), except that an unknown `--config.x` override exits with
+    one line (exit status 1) instead of a traceback. Pass as `app.run(main, flags_parser=parse_flags)`."""
+    import sys
+
+    from absl import app
+
+    try:
+        return app.parse_flags_with_usage(argv)
+    except (AttributeError, KeyError):
+        message = unknown_config_override(argv)
+        if message is None:
+            raise
+        sys.exit(message)

@@ -27,7 +27,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-import bench_common  # noqa: F401  (importing it quiets absl/JAX INFO logs)
+import bench_common  # importing it quiets absl/JAX INFO logs; its parse_flags makes config typos one line
 
 # Runnable as `python launch/eval.py` from a checkout without installing.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -116,4 +116,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=bench_common.parse_flags)

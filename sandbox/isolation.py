@@ -43,6 +43,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from typing import Mapping, Sequence
@@ -116,6 +117,40 @@ class RawRun:
     stderr: str
     isolation: Mapping[str, object]
     launch_error: str | None = None   # the sandbox itself could not start (infrastructure)
+
+
+# Whether this process has shown the missing-bwrap warning: once a process, not once a run (a training
+# step runs several sandboxes from a thread pool). Python's own once-per-location registry is not enough:
+# it is cleared whenever any import touches the warning filters, and the graders' imports do.
+_NO_BWRAP_WARNED = threading.Event()
+
+
+def _warn_no_bwrap(dropped_uid: bool) -> None:
+    """One line, once a process: which isolation is lost, and how to get it back.
+
+    `warn_explicit` at line 0 of this file: `warnings.warn` would add the
+    caller's source line under the message (two lines, and the line says
+    nothing to a user); a RuntimeWarning all the same, so filters and
+    `pytest.warns` see it.
+    """
+    if _NO_BWRAP_WARNED.is_set():
+        return
+    _NO_BWRAP_WARNED.set()
+    remains = "rlimits, a separate uid and the process-group kill" if dropped_uid else \
+        "rlimits and the process-group kill (solutions run as this user)"
+    warnings.warn_explicit(
+        "sandbox: bubblewrap (bwrap) not found, so solutions run WITHOUT namespaces: they see the host's files "
+        f"and network (DATA_DIR is a copy); only {remains} remain. Install it: apt-get install bubblewrap",
+        RuntimeWarning, __file__, 0, module=__name__, registry={})
+
+
+def warn_if_no_bwrap() -> bool:
+    """Whether bwrap is found; if not, the one-line warning (once a process). A pool can call this when it
+    starts, so the line comes before any progress bar rather than in the middle of the first step's."""
+    if bwrap_path() is not None:
+        return True
+    _warn_no_bwrap(_can_setuid(False, sys.executable))
+    return False
 
 
 def bwrap_path() -> str | None:
@@ -439,10 +474,7 @@ def execute(*, script: str, data_dir: str, run_dir: str, limits: Limits,
         script_arg = SANDBOX_SCRIPT
         cwd = None
     else:
-        warnings.warn(
-            "sandbox: bubblewrap (bwrap) not found — running solutions WITHOUT namespaces: "
-            "host files are readable, the network is reachable, DATA_DIR is a copy. "
-            "Install it: apt-get install -y bubblewrap", RuntimeWarning, stacklevel=2)
+        _warn_no_bwrap(uid is not None)
         # A private copy, so deleting DATA_DIR still harms nothing.
         copy = os.path.join(run_dir, "data")
         shutil.copytree(data_dir, copy)
@@ -544,4 +576,4 @@ def run_python(code: str, *, data_dir: str, run_dir: str, limits: Limits, hidden
 
 
 __all__: Sequence[str] = ("Limits", "RawRun", "bwrap_path", "execute", "infrastructure_failure",
-                          "kill_uid", "run_python", "thread_env", "SANDBOX_DATA", "SANDBOX_WORK")
+                          "kill_uid", "run_python", "thread_env", "warn_if_no_bwrap", "SANDBOX_DATA", "SANDBOX_WORK")

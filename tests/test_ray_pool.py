@@ -20,6 +20,11 @@ import sandbox
 from helpers_sandbox import GOOD, copy_task
 from sandbox import ray_pool
 
+# ray.init starts its daemons with Popen(preexec_fn=...), which runs JAX's at-fork hook ("os.fork() was called
+# ... will likely lead to a deadlock") once an earlier test has started JAX. The child execs at once and never
+# runs JAX, so there is no deadlock to warn about.
+pytestmark = pytest.mark.filterwarnings(r"ignore:os\.fork\(\) was called:RuntimeWarning")
+
 SOLUTIONS = [GOOD, "raise ValueError('boom')", "import time\ntime.sleep(60)", "print('no file')", GOOD]
 
 

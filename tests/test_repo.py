@@ -119,3 +119,67 @@ def test_docs_reference_nothing_outside_the_repository():
         text = page.read_text()
         for bad in ("shared/", "MISSION.md", "DESIGN.md"):
             assert bad not in text, f"{page.relative_to(ROOT)} names {bad!r}, which is not in the repository"
+
+
+# Imported by the code but deliberately not in `dependencies`, and where each comes from instead.
+_NOT_DEPENDENCIES = {
+    "ray": "the [ray] extra (sandbox.backend='ray'; imported only when that backend is built)",
+    "mledojo": "sandbox/mledojo_shim, put on the solution's path inside the sandbox",
+}
+# Needed at run time by a dependency that does not declare it: transformers' apply_chat_template
+# (wmrl_jax/chat.py) raises ImportError without jinja2, and only the [test] extra's torch brought it in.
+_UNDECLARED_BY_DEPENDENCIES = {"jinja2"}
+
+
+def _declared(requirements) -> set[str]:
+    return {re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
+
+
+def _third_party_imports(paths) -> dict[str, str]:
+    """{top-level module: a file importing it} over every import statement (module level or lazy) of
+    `paths` (files, or folders searched recursively); our own packages and launch/'s helpers excluded."""
+    import ast
+
+    ours = {"wmrl_jax", "sandbox", "configs", *(p.stem for p in (ROOT / "launch").glob("*.py"))}
+    found = {}
+    for path in paths:
+        path = ROOT / path
+        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            for node in ast.walk(ast.parse(file.read_text(), str(file))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top not in sys.stdlib_module_names and top not in ours:
+                        found.setdefault(top, str(file.relative_to(ROOT)))
+    return found
+
+
+def test_every_import_of_the_package_is_a_declared_dependency():
+    """`pip install -e .` alone runs the README's first command: each third-party module that wmrl_jax/,
+    sandbox/, configs/, launch/train.py or launch/eval.py imports belongs to a distribution in
+    `dependencies`, not only to the [test] extra (which installs torch, and torch installs jinja2)."""
+    import importlib.metadata
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = _declared(project["dependencies"])
+    assert _UNDECLARED_BY_DEPENDENCIES <= declared, (
+        f"pyproject dependencies lack {sorted(_UNDECLARED_BY_DEPENDENCIES - declared)}: needed at run time by "
+        "transformers' chat templates, which do not declare them")
+    assert "ray" in _declared(project["optional-dependencies"]["ray"])
+    dists = importlib.metadata.packages_distributions()
+    imports = _third_party_imports(["wmrl_jax", "sandbox", "configs", "launch/train.py", "launch/eval.py"])
+    missing = []
+    for top, where in sorted(imports.items()):
+        if top in _NOT_DEPENDENCIES:
+            continue
+        names = {d.lower().replace("_", "-") for d in dists.get(top, [])}
+        assert names, f"{where} imports {top!r}, which no installed distribution provides"
+        if not names & declared:
+            missing.append(f"{top} ({where}; distribution {sorted(names)})")
+    assert not missing, f"imported but not in pyproject's dependencies: {missing}; declared: {sorted(declared)}"

@@ -365,8 +365,9 @@ def train_tokenizer(texts: Iterator[str], vocab_size: int):
     merges cross spaces halves the sequences but makes whole lines such as
     ``TARGETS = ['species']`` single tokens that cannot be copied.)
     """
-    import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from wmrl_jax.models.tokenizer import import_transformers
 
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -374,8 +375,8 @@ def train_tokenizer(texts: Iterator[str], vocab_size: int):
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                                pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE)
+    return import_transformers().PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                                         pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE)
 
 
 def training_examples(config: MicroWorldConfig, root=None) -> list:

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from wmrl_jax.models import sharding as shd
 from wmrl_jax.models.family import HfTensor, Model, get_family
+from wmrl_jax.models.tokenizer import import_transformers
 
 _DTYPES = {
     "F64": np.dtype(np.float64),
@@ -140,7 +141,7 @@ def _set_path(tree: dict, path: tuple[str, ...], value) -> None:
 
 def load_hf(path, *, dtype: Any = "float32", mesh: jax.sharding.Mesh | None = None) -> Model:
     """Loads an HF checkpoint folder into a `Model` with params in `dtype`, sharded over `mesh` if given."""
-    import transformers
+    transformers = import_transformers()
 
     path = Path(path)
     _read_model_type(path)
@@ -177,7 +178,9 @@ def load_hf(path, *, dtype: Any = "float32", mesh: jax.sharding.Mesh | None = No
                 raise ValueError(f"tensor {key}: shape {files[key].shape(key)}, expected {entry.hf_shape}")
 
     params: dict = {}
-    for entry in tqdm(table, desc="load_hf", leave=False):
+    # No progress bar: the micro-world's 27 tensors load in well under a second, and a bar closed with
+    # leave=False still left "load_hf:   0%|" and a line of spaces in every non-terminal log.
+    for entry in table:
         want = _get_path(expected, entry.path)
         shape = ((want.shape[0],) if entry.stacked else ()) + entry.param_shape
         if tuple(want.shape) != shape:
@@ -214,7 +217,7 @@ def save_hf(model: Model, path, *, max_shard_bytes: int | None = None, tokenizer
     file. A `tokenizer` (e.g. from `load_tokenizer`) is saved alongside, so
     the folder serves as is.
     """
-    import transformers
+    transformers = import_transformers()
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+
+def import_transformers():
+    """`import transformers`, without its import-time advice that PyTorch is missing.
+
+    We use transformers only for configs and tokenizers (JAX runs the model), so
+    "PyTorch was not found. Models won't be available ..." is true and useless,
+    and printed on every run. TRANSFORMERS_NO_ADVISORY_WARNINGS drops only
+    transformers' advisory notices (`logger.warning_advice`); its warnings and
+    errors still print. setdefault: a value the user set wins.
+    """
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    import transformers
+
+    return transformers
 
 
 def load_tokenizer(path):
@@ -12,7 +28,7 @@ def load_tokenizer(path):
     so a folder without one is an error here rather than a silently
     differently formatted prompt later.
     """
-    import transformers
+    transformers = import_transformers()
 
     path = Path(path)
     if not (path / "tokenizer.json").exists() and not (path / "tokenizer_config.json").exists():

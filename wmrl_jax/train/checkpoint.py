@@ -33,9 +33,11 @@ the folder again.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import pathlib
+import sys
 from typing import Any
 
 import jax
@@ -44,6 +46,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 _FINGERPRINT = "_wmrl_fingerprint"
+
+# Orbax reads an array's shards as coroutines gathered on a private event loop (`asyncio_utils.run_sync`),
+# which it closes without cancelling them. When one shard of a damaged checkpoint fails, the shard reads
+# still in flight are abandoned; each is closed when garbage-collected, and its `except BaseException:
+# raise Exception(...)` turns the GeneratorExit into "Exception ignored in: <coroutine object
+# _read_array_index_and_device_put>" plus a 60-line TensorStore spec -- 17 of them after the one warning
+# that already said the checkpoint is damaged.
+_ORBAX_SHARD_READS = ("_read_array_index_and_device_put",)
 
 
 def _leaf_bits_sum(x: jax.Array) -> jax.Array:
@@ -83,6 +93,34 @@ def _abstract(like: Any) -> Any:
         return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
     return jax.tree.map(one, like)
+
+
+def _is_abandoned_read_noise(unraisable) -> bool:
+    """An error Orbax's abandoned shard reads raise after a failed restore, which has been reported once:
+    the read coroutine's close-time `Exception(...)` (its `except BaseException` catches the GeneratorExit of
+    its closing), or TensorStore finishing an abandoned read and calling back into the event loop Orbax
+    closed (`RuntimeError: Event loop is closed`, in a callback of no Python object)."""
+    code = getattr(unraisable.object, "cr_code", None)
+    if code is not None and code.co_name in _ORBAX_SHARD_READS:
+        return True
+    return (unraisable.object is None and isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == "Event loop is closed")
+
+
+def _drop_abandoned_read_noise() -> None:
+    """Wraps sys.unraisablehook, once a process, to drop `_is_abandoned_read_noise` and pass on the rest.
+    Process-wide and not undone: TensorStore completes the abandoned reads on its own threads, possibly
+    after `latest` has returned."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_wmrl_drops_abandoned_reads", False):
+        return
+
+    def hook(unraisable):
+        if not _is_abandoned_read_noise(unraisable):
+            previous(unraisable)
+
+    hook._wmrl_drops_abandoned_reads = True
+    sys.unraisablehook = hook
 
 
 class Checkpointer:
@@ -131,23 +169,32 @@ class Checkpointer:
         self._manager.wait_until_finished()
         abstract = _abstract(like)
         for step in sorted(self._manager.all_steps(), reverse=True):
-            try:
-                restored = self._manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-                tree, meta = restored["state"], dict(restored["meta"])
-                expected = meta.pop(_FINGERPRINT, None)
-                got = fingerprint(tree)
-                if expected is not None and expected != got:
-                    bad = [jax.tree_util.keystr(p) for (p, _), e, g in
-                           zip(jax.tree_util.tree_flatten_with_path(tree)[0], expected, got) if e != g]
-                    raise ValueError(f"restored arrays differ from what was saved: {', '.join(bad[:5])}")
-            except Exception as exc:  # any failure to read a checkpoint back makes it unusable
-                aside = self._move_aside(step)
-                logging.warning("checkpoint %s/%d is damaged and was skipped (%s: %s); moved to %s, trying the "
-                                "previous one", self.directory, step, type(exc).__name__, (str(exc).splitlines() or [''])[0][:300], aside)
-                continue
-            return step, tree, meta
+            restored = self._restore_checked(step, abstract)
+            if restored is not None:
+                return restored
+            gc.collect()   # close the abandoned reads now (they hang off the exception's frames, a cycle)
         return None
+
+    def _restore_checked(self, step: int, abstract: Any) -> tuple[int, Any, dict] | None:
+        """(step, tree, meta) if checkpoint `step` restores and matches its fingerprint; else moves it aside,
+        warns once and returns None."""
+        try:
+            restored = self._manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+            tree, meta = restored["state"], dict(restored["meta"])
+            expected = meta.pop(_FINGERPRINT, None)
+            got = fingerprint(tree)
+            if expected is not None and expected != got:
+                bad = [jax.tree_util.keystr(p) for (p, _), e, g in
+                       zip(jax.tree_util.tree_flatten_with_path(tree)[0], expected, got) if e != g]
+                raise ValueError(f"restored arrays differ from what was saved: {', '.join(bad[:5])}")
+        except Exception as exc:  # any failure to read a checkpoint back makes it unusable
+            _drop_abandoned_read_noise()
+            aside = self._move_aside(step)
+            logging.warning("checkpoint %s/%d is damaged and was skipped (%s: %s); moved to %s, trying the "
+                            "previous one", self.directory, step, type(exc).__name__, (str(exc).splitlines() or [''])[0][:300], aside)
+            return None
+        return step, tree, meta
 
     def _move_aside(self, step: int) -> pathlib.Path:
         source = self.directory / str(step)
