@@ -58,7 +58,7 @@ def short_run_config():
     # first anchor group with a spread of real rewards. So both corrections act from step 1.
     c.rewards.min_pairs, c.rewards.refit_every = 4, 4
     c.rewards.warmup, c.rewards.half_life = 1, 4.0
-    c.optim.remat = "none"        # a 4M-parameter model's activations fit; remat would recompute the forward
+    c.optim.remat = "none"        # a 3.9M-parameter model's activations fit; remat would recompute the forward
     c.checkpoint.every = 1
     c.log.text_samples = 1
     return c

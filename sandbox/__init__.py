@@ -25,8 +25,9 @@ from sandbox.grading import (
     grade_submission,
     ladder_reward,
 )
+from sandbox.backends import BACKENDS, make_pool
 from sandbox.isolation import Limits
-from sandbox.pool import BACKENDS, SandboxPool, make_pool
+from sandbox.pool import SandboxPool
 from sandbox.ray_pool import RayPool   # imports Ray only when a RayPool is made (the [ray] extra)
 from sandbox.runner import ExecutionResult, extract_code, run_solution
 from sandbox.scoring import AvgAtK, avg_at_k, board_position, position_score

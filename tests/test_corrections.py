@@ -213,15 +213,16 @@ def test_nonfinite_rewards_are_ungraded_and_never_reach_advantages():
 def test_bad_shapes_and_dtypes_name_the_argument():
     state = C.init_correction_state()
     r, g, a = np.zeros((2, 3), np.float32), np.ones((2, 3), bool), np.array([True, False])
-    with pytest.raises(ValueError, match=r"real_rewards: shape \(2, 4\), expected \(2, 3\)"):
+    # Structure: chex asserts (AssertionError) naming the argument; values: ValueError.
+    with pytest.raises(AssertionError, match=r"has shape \(2, 4\) but expected \(2, 3\)\. \[real_rewards: expected"):
         C.correct_step(state, r, g, np.zeros((2, 4), np.float32), g, a)
-    with pytest.raises(ValueError, match=r"is_anchor: shape \(3,\), expected \(2,\)"):
+    with pytest.raises(AssertionError, match=r"has shape \(3,\) but expected \(2\)\. \[is_anchor: expected shape \[2\]"):
         C.correct_step(state, r, g, r, g, np.ones(3, bool))
-    with pytest.raises(ValueError, match="wm_graded: dtype float32, expected bool"):
+    with pytest.raises(AssertionError, match=r"has type float32 .*\[wm_graded: expected a bool dtype\]"):
         C.correct_step(state, r, r, r, g, a)
-    with pytest.raises(ValueError, match="wm_rewards: dtype int32, expected a floating dtype"):
+    with pytest.raises(AssertionError, match=r"has type int32 .*\[wm_rewards: expected a float dtype\]"):
         C.correct_step(state, r.astype(np.int32), g, r, g, a)
-    with pytest.raises(ValueError, match="wm_rewards: shape"):
+    with pytest.raises(AssertionError, match=r"has rank 1 .*\[wm_rewards: expected shape \[n, m\]"):
         C.correct_step(state, np.zeros(3, np.float32), g, r, g, a)
     with pytest.raises(ValueError, match="state: dict, expected a CorrectionState"):
         C.correct_step({}, r, g, r, g, a)

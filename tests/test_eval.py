@@ -37,7 +37,7 @@ def test_report_of_a_hand_made_result(tmp_path):
                       categories={"a": "tabular", "b": "tabular"},
                       attempt_best={"a": [1.0, None], "b": [None, 0.2]},
                       attempt_status={"a": [["valid"], ["runtime_err"]], "b": [["syntax_err"], ["valid"]]})
-    assert "avg@2=0.3000" in repr(r) and "valid_rate=0.50" in repr(r)
+    assert "avg@2=30.00 %" in repr(r) and "valid_rate=0.50" in repr(r)
     json_path, md_path = ev.write_report(r, tmp_path, title="T", extra={"policy": "p"})
     data = json.loads(json_path.read_text())
     for key in ("score", "attempts", "per_task", "valid_rate", "mean_valid_rate", "per_category", "categories",
@@ -57,11 +57,11 @@ def test_evaluate_micro_world_avg_at_k_matches_a_hand_computation():
     import sandbox
     from configs import tiny_cpu
     from wmrl_jax import chat, micro_world
-    from wmrl_jax.train import loop
+    from wmrl_jax.train import run
     from wmrl_jax.train.config import agent_config
 
     c = tiny_cpu.get_config()
-    tasks = [t for t in loop.load_tasks(c, "test") if t.name in ("two_moons_noisy", "star98_math")]
+    tasks = [t for t in run.load_tasks(c, "test") if t.name in ("two_moons_noisy", "star98_math")]
     assert len(tasks) == 2
     lm = chat.load_chat_model(micro_world.shipped_path())
     with sandbox.SandboxPool(workers=2, timeout_s=c.sandbox.timeout_s, memory_mb=2048, cpus=1) as pool:
@@ -141,7 +141,7 @@ def test_load_policy_restores_a_workdirs_newest_checkpoint(tmp_path):
     from wmrl_jax import chat, micro_world
     from wmrl_jax.train import update
     from wmrl_jax.train.checkpoint import Checkpointer
-    from wmrl_jax.train.loop import _correction_state
+    from wmrl_jax.train.run import MODES, correction_state
 
     c = tiny_cpu.get_config()
     c.workdir = str(tmp_path / "w")
@@ -152,7 +152,7 @@ def test_load_policy_restores_a_workdirs_newest_checkpoint(tmp_path):
     state = update.init_train_state(jax.tree.map(lambda x: x + 0.5, base.model.params), optimizer,
                                     param_dtype="float32")
     ckpt = Checkpointer(tmp_path / "w" / "checkpoints")
-    ckpt.save(3, {"train": state, "corrections": _correction_state(c.rewards, True, True),
+    ckpt.save(3, {"train": state, "corrections": correction_state(c.rewards, MODES["wmrl"]),
                   "rng": jax.random.key_data(jax.random.key(0))}, {"cursor": 0})
     ckpt.close()
     policy = ev.load_policy(tmp_path / "w")

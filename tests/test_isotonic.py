@@ -146,11 +146,12 @@ def test_binned_fit_with_one_populated_bin_is_the_identity():
 
 
 def test_bad_inputs_name_the_argument():
-    with pytest.raises(ValueError, match=r"y: shape \(3,\), expected \(4,\)"):
+    # Structure: chex asserts (AssertionError) naming the argument (wmrl_jax.checks).
+    with pytest.raises(AssertionError, match=r"has shape \(3,\) but expected \(4\)\. \[y: expected shape \[4\]\]"):
         C.isotonic_fit(jnp.zeros(4), jnp.zeros(3))
-    with pytest.raises(ValueError, match="mask: dtype float32, expected bool"):
+    with pytest.raises(AssertionError, match=r"has type float32 .*\[mask: expected a bool dtype\]"):
         C.isotonic_fit(jnp.zeros(4), jnp.zeros(4), mask=jnp.zeros(4))
-    with pytest.raises(ValueError, match="x: dtype int32, expected a floating dtype"):
+    with pytest.raises(AssertionError, match=r"has type int32 .*\[x: expected a float dtype\]"):
         C.binned_isotonic_fit(jnp.zeros(4, jnp.int32), jnp.zeros(4))
 
 

@@ -74,12 +74,20 @@ def test_group_advantages_bad_input_names_the_argument():
     g = np.ones((4, 8), bool)
     a = np.zeros(4, bool)
     cases = [
-        ((r, g[:, :7], a, 1.0), {}, ValueError, r"graded: shape \(4, 7\), expected \(4, 8\) \(like rewards"),
-        ((r, g, np.zeros(5, bool), 1.0), {}, ValueError, r"is_anchor: shape \(5,\), expected \(4,\)"),
-        ((r, g.astype(np.float32), a, 1.0), {}, TypeError, "graded: dtype float32, expected bool"),
-        ((r.astype(np.int32), g, a, 1.0), {}, TypeError, "rewards: dtype int32, expected a floating dtype"),
-        ((r[0], g[0], a, 1.0), {}, ValueError, r"rewards: shape \(8,\) \(rank 1\), expected rank 2 \[N groups"),
-        ((r, g, a, np.ones(4, np.float32)), {}, ValueError, r"anchor_weight: shape \(4,\), expected \(\) \(a scalar\)"),
+        # Structure: chex asserts (AssertionError): chex's finding, then the argument and what was expected.
+        ((r, g[:, :7], a, 1.0), {}, AssertionError,
+         r"has shape \(4, 7\) but expected \(4, 8\)\. \[graded: expected shape \[4, 8\] \(like rewards\)\]"),
+        ((r, g, np.zeros(5, bool), 1.0), {}, AssertionError,
+         r"has shape \(5,\) but expected \(4\)\. \[is_anchor: expected shape \[4\]"),
+        ((r, g.astype(np.float32), a, 1.0), {}, AssertionError,
+         r"has type float32 but expected bool\. \[graded: expected a bool dtype\]"),
+        ((r.astype(np.int32), g, a, 1.0), {}, AssertionError,
+         r"has type int32 but expected <class 'float'>\. \[rewards: expected a float dtype\]"),
+        ((r[0], g[0], a, 1.0), {}, AssertionError,
+         r"has rank 1 \(shape \(8,\)\) but expected 2\. \[rewards: expected shape \[n, m\] \(\[N groups"),
+        ((r, g, a, np.ones(4, np.float32)), {}, AssertionError,
+         r"has rank 1 \(shape \(4,\)\) but expected 0\. \[anchor_weight: expected shape \[\] \(a scalar\)\]"),
+        # Values: ValueError.
         ((r, g, a, 1.0), {"eps": 0.0}, ValueError, "eps: 0.0, expected a finite number > 0.0"),
         ((r, g, a, 1.0), {"min_graded": 0}, ValueError, "min_graded: 0, expected an int >= 1"),
     ]
@@ -220,14 +228,18 @@ def test_grpo_loss_bad_input_names_the_argument():
     logp, old, ref, adv, mask, ent = _inputs()
     b, t = logp.shape
     cases = [
-        ((logp, old[:, :3], ref, adv, mask), {}, ValueError,
-         rf"old_logp: shape \({b}, 3\), expected \({b}, {t}\) \(like logp"),
-        ((logp, old, ref, adv[:2], mask), {}, ValueError,
-         rf"advantages: shape \(2,\), expected \[B\] = \({b},\) or \[B, T\] = \({b}, {t}\)"),
-        ((logp, old, ref, adv, mask.T), {}, ValueError, rf"mask: shape \({t}, {b}\), expected \({b}, {t}\)"),
-        ((logp[0], old[0], ref[0], adv, mask[0]), {}, ValueError, rf"logp: shape \({t},\) \(rank 1\), expected rank 2"),
-        ((logp, old.astype(np.int32), ref, adv, mask), {}, TypeError, "old_logp: dtype int32, expected a floating"),
-        ((logp, old, ref, adv, mask), {"entropy": ent[:, :1]}, ValueError, r"entropy: shape"),
+        ((logp, old[:, :3], ref, adv, mask), {}, AssertionError,
+         rf"has shape \({b}, 3\) but expected \({b}, {t}\)\. \[old_logp: expected shape \[{b}, {t}\] \(like logp"),
+        ((logp, old, ref, adv[:2], mask), {}, AssertionError,
+         rf"has shape \(2,\) but expected \({b}\)\. \[advantages: expected shape \[{b}\] "
+         rf"\(\[B\] = \({b},\) or \[B, T\] = \({b}, {t}\)\)\]"),
+        ((logp, old, ref, adv, mask.T), {}, AssertionError,
+         rf"has shape \({t}, {b}\) but expected \({b}, {t}\)\. \[mask: expected shape \[{b}, {t}\]"),
+        ((logp[0], old[0], ref[0], adv, mask[0]), {}, AssertionError,
+         rf"has rank 1 \(shape \({t},\)\) but expected 2\. \[logp: expected shape \[n, m\]"),
+        ((logp, old.astype(np.int32), ref, adv, mask), {}, AssertionError,
+         r"has type int32 but expected <class 'float'>\. \[old_logp: expected a float dtype\]"),
+        ((logp, old, ref, adv, mask), {"entropy": ent[:, :1]}, AssertionError, r"\[entropy: expected shape"),
         ((logp, old, ref, adv, mask), {"aggregation": "sum"}, ValueError,
          r"aggregation: 'sum', expected one of \('token-mean', 'seq-mean-token-mean'\)"),
         ((logp, old, ref, adv, mask), {"clip_eps": -0.2}, ValueError, "clip_eps: -0.2, expected a finite number >= 0"),

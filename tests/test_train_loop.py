@@ -15,7 +15,7 @@ import pytest
 
 from configs import tiny_cpu
 from sandbox import suite
-from wmrl_jax.train import loop
+from wmrl_jax.train import loop, report, rewards, run
 from wmrl_jax.train.metrics import read_scalars
 
 
@@ -36,7 +36,7 @@ def small_config(workdir, **overrides):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", list(loop.MODES))
+@pytest.mark.parametrize("mode", list(run.MODES))
 def test_every_reward_mode_runs(tmp_path, mode):
     summary = loop.train(small_config(tmp_path / mode, **{"rewards.mode": mode, "steps": 1}), progress=False)
     scalars = read_scalars(tmp_path / mode / "tb")
@@ -114,9 +114,9 @@ def test_batch_masks_only_agent_tokens():
 
 
 def test_task_cursor_is_a_seeded_sequence_of_epochs():
-    a = loop.TaskCursor(5, seed=3)
+    a = run.TaskCursor(5, seed=3)
     first = a.take(7) + a.take(3)
-    b = loop.TaskCursor(5, seed=3, position=7)
+    b = run.TaskCursor(5, seed=3, position=7)
     assert b.take(3) == first[7:]
     assert sorted(first[:5]) == list(range(5)) and sorted(first[5:10]) == list(range(5))
 
@@ -140,8 +140,8 @@ def test_rollout_text_picks_rollouts_by_position_even_within_one_group():
 
     eps = [Episode(0, np.arange(5, dtype=np.int32), np.ones(5, bool), np.zeros(5, np.float32), 1, ["r"],
                    f"print({i})", [], [False]) for i in range(8)]
-    scores = loop.Scores(*(np.zeros((2, 4)) for _ in range(4)), np.zeros(2, bool), {}, [], {})
-    text = loop._rollout_text(eps, scores, 4, 4)
+    scores = rewards.Scores(*(np.zeros((2, 4)) for _ in range(4)), np.zeros(2, bool), {}, [], {})
+    text = report.rollout_text(eps, scores, 4, 4)
     assert text.count("**group") == 4 and "group 0 rollout 2" in text and "print(6)" in text
 
 

@@ -34,6 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from wmrl_jax.checks import check_array, check_int
+
 Array = jax.Array
 
 
@@ -55,27 +57,10 @@ class MonotoneMap(NamedTuple):
     valid: Array
 
 
-def check_array(name: str, a, kind: str, shape: tuple) -> Array:
-    """``a`` as an array, else a ValueError that names it and what was expected.
-
-    ``kind``: "float" (any floating dtype) or "bool"; ``shape``: a tuple whose
-    None entries match any size.
-    """
-    a = jnp.asarray(a)
-    if a.ndim != len(shape) or any(s not in (None, d) for s, d in zip(shape, a.shape)):
-        want = "[" + ", ".join("n" if s is None else str(s) for s in shape) + "]" if None in shape else shape
-        raise ValueError(f"{name}: shape {a.shape}, expected {want}")
-    if kind == "float" and not jnp.issubdtype(a.dtype, jnp.floating):
-        raise ValueError(f"{name}: dtype {a.dtype}, expected a floating dtype")
-    if kind == "bool" and a.dtype != jnp.bool_:
-        raise ValueError(f"{name}: dtype {a.dtype}, expected bool")
-    return a
-
-
 def _inputs(x, y, weights, mask):
     """Checked, promoted (x, y, weights, mask); non-finite values and
     non-positive weights carry no information, so they are masked out."""
-    x = check_array("x", x, "float", (None,))
+    x = check_array("x", x, "float", (None,), "one value per pair")
     n = x.shape[0]
     y = check_array("y", y, "float", (n,))
     dtype = jnp.promote_types(x.dtype, y.dtype)
@@ -216,8 +201,7 @@ def binned_isotonic_fit(x: Array, y: Array, mask: Array | None = None, bins: int
     Returns:
         A :class:`MonotoneMap` with ``bins`` knot slots.
     """
-    if int(bins) != bins or bins < 1:
-        raise ValueError(f"bins: {bins!r}, expected an integer >= 1")
+    check_int("bins", bins, 1)
     x, y, _, mask = _inputs(x, y, None, mask)
     return binned_fit_from_sums(*binned_sums(x, y, mask, int(bins)))
 

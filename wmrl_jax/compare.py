@@ -42,7 +42,13 @@ from typing import Sequence
 
 import numpy as np
 
-from wmrl_jax.train.loop import MODES, seed_for
+from wmrl_jax import chat, micro_world
+from wmrl_jax.evaluate import evaluate, to_markdown, write_report
+from wmrl_jax.models import load_hf
+from wmrl_jax.train import loop
+from wmrl_jax.train.config import agent_config, validate
+from wmrl_jax.train.metrics import read_scalars
+from wmrl_jax.train.run import MODES, eval_seed, load_tasks, make_sandbox_pool
 
 ARMS = tuple(MODES)   # real, wm_only, naive_mix, debias_only, denoise_only, wmrl
 # Each arm's switches, for the table's legend.
@@ -167,20 +173,13 @@ def eval_finished(path: pathlib.Path, attempts: int) -> bool:
 
 def run_compare(spec: CompareSpec, base, *, progress: bool = True, log=print) -> dict:
     """Trains and evaluates whatever is not finished yet, then writes the report; returns `compare.json`'s dict."""
-    import sandbox
-    from wmrl_jax import chat, micro_world
-    from wmrl_jax.evaluate import evaluate, write_report
-    from wmrl_jax.models import load_hf
-    from wmrl_jax.train import loop
-    from wmrl_jax.train.config import agent_config, validate
-
     start = time.perf_counter()
     validate(run_config(base, spec, spec.arms[0], spec.seeds[0]))   # bad input: an error before any compute
     _check_spec(spec, base)
     out, work = pathlib.Path(spec.out), spec.work_dir
     out.mkdir(parents=True, exist_ok=True)
     probe = run_config(base, spec, spec.arms[0], spec.seeds[0])
-    eval_tasks = loop.load_tasks(probe, probe.eval_split)
+    eval_tasks = load_tasks(probe, probe.eval_split)
     if spec.eval_tasks:
         unknown = sorted(set(spec.eval_tasks) - {t.name for t in eval_tasks})
         if unknown:
@@ -195,19 +194,16 @@ def run_compare(spec: CompareSpec, base, *, progress: bool = True, log=print) ->
         nonlocal lm, pool
         if lm is None:
             lm = chat.load_chat_model(probe.model_path or micro_world.shipped_path(), dtype=probe.dtype)
-            s = probe.sandbox
-            pool = sandbox.make_pool(s.get("backend", "local"), ray_address=s.get("ray_address", ""),
-                                     workers=probe.sandbox.workers, timeout_s=probe.sandbox.timeout_s,
-                                     memory_mb=probe.sandbox.memory_mb, cpus=probe.sandbox.cpus)
+            pool = make_sandbox_pool(probe)
 
     try:
         if not eval_finished(work / "base", spec.attempts):
             open_eval()
             log(f"evaluating the base policy: avg@{spec.attempts} on {len(eval_tasks)} held-out tasks")
             result = evaluate(lm, eval_tasks, pool, config=acfg, attempts=spec.attempts,
-                              seed=seed_for(0, 1 << 20), progress=progress)
+                              seed=eval_seed(0), progress=progress)
             write_report(result, work / "base", title=f"Base policy (untrained), held-out avg@{spec.attempts}",
-                         extra={"policy": "base", "eval_seed": seed_for(0, 1 << 20)})
+                         extra={"policy": "base", "eval_seed": eval_seed(0)})
             evaluated += 1
         # Seed-major: a comparison cut short still has whole seeds across the arms.
         for seed in spec.seeds:
@@ -220,13 +216,13 @@ def run_compare(spec: CompareSpec, base, *, progress: bool = True, log=print) ->
                 if not eval_finished(run_dir, spec.attempts):
                     open_eval()
                     params = load_hf(run_dir / "export", dtype=probe.dtype).params
-                    eval_seed = seed_for(0, 1 << 20)   # the base's: every policy meets the same sampling noise
+                    sampling_seed = eval_seed(0)   # the base's: every policy meets the same sampling noise
                     log(f"evaluating {arm} seed {seed}: avg@{spec.attempts}")
-                    result = evaluate(lm, eval_tasks, pool, config=acfg, attempts=spec.attempts, seed=eval_seed,
+                    result = evaluate(lm, eval_tasks, pool, config=acfg, attempts=spec.attempts, seed=sampling_seed,
                                       params=params, progress=progress)
                     write_report(result, run_dir, title=f"{arm} seed {seed}, held-out avg@{spec.attempts}",
                                  extra={"policy": str(run_dir / "export"), "arm": arm, "seed": seed,
-                                        "eval_seed": eval_seed})
+                                        "eval_seed": sampling_seed})
                     evaluated += 1
     finally:
         if pool is not None:
@@ -349,6 +345,8 @@ ARM_COLORS = {"real": "black", "wm_only": "tab:red", "naive_mix": "tab:orange", 
 
 
 def _plt():
+    # Imported on use: matplotlib is heavy, needed only for the plots, and its backend must be chosen
+    # before pyplot is imported.
     import matplotlib
 
     matplotlib.use("Agg")
@@ -494,8 +492,6 @@ def plot_calibration(windows: dict, path, *, title: str) -> None:
 
 def correction_curves(spec: CompareSpec, arms=("debias_only", "denoise_only", "wmrl")) -> dict:
     """Per arm and seed: [(step, anchor weight)], [(step, bias reduction)] from the runs' TensorBoard scalars."""
-    from wmrl_jax.train.metrics import read_scalars
-
     out = {}
     for arm in arms:
         if arm not in spec.arms:
@@ -549,8 +545,6 @@ def write_report_files(spec: CompareSpec) -> dict:
     (out / "table.md").write_text(format_report(data))
     files = {"table": str(out / "table.md")}
     if data["base"] is not None:
-        from wmrl_jax.evaluate import to_markdown
-
         (out / "base_eval.md").write_text(to_markdown(data["base"], "Base policy (untrained), held-out evaluation"))
         files["base_eval"] = str(out / "base_eval.md")
     if data["arms"]:

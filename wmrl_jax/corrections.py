@@ -48,10 +48,10 @@ from wmrl_jax._isotonic import (
     apply_calibration,
     binned_isotonic_fit,
     binned_isotonic_predict,
-    check_array,
     isotonic_fit,
     isotonic_predict,
 )
+from wmrl_jax.checks import check_array, check_choice
 from wmrl_jax.losses import group_advantages
 
 Array = jax.Array
@@ -109,12 +109,9 @@ def bias_stats(x: Array, y: Array, fitted: MonotoneMap | None = None, mask: Arra
     Returns:
         (before, after, reduction), float scalars.
     """
-    x, y = jnp.asarray(x), jnp.asarray(y)
-    if x.ndim != 1 or y.shape != x.shape:
-        raise ValueError(f"bias_stats: x {tuple(x.shape)} and y {tuple(y.shape)}, expected equal [n]")
-    m = jnp.ones(x.shape, bool) if mask is None else jnp.asarray(mask)
-    if m.shape != x.shape or m.dtype != jnp.bool_:
-        raise ValueError(f"bias_stats: mask {m.dtype}{tuple(m.shape)}, expected bool{tuple(x.shape)}")
+    x = check_array("x", x, "float", (None,), "WM scores")
+    y = check_array("y", y, "float", x.shape, "like x")
+    m = jnp.ones(x.shape, bool) if mask is None else check_array("mask", mask, "bool", x.shape, "like x")
     before = _centred_residual_sq(x, y, m)
     after = before if fitted is None else _centred_residual_sq(apply_calibration(fitted, x), y, m)
     return before, after, 1.0 - after / jnp.maximum(1e-9, before)
@@ -136,11 +133,9 @@ def group_disagreement(calibrated: Array, real: Array, mask: Array | None = None
     Returns:
         (s2, ok): s2 float scalar (0 when not ok), ok bool scalar.
     """
-    d, s = jnp.asarray(calibrated), jnp.asarray(real)
-    m = jnp.ones(d.shape, bool) if mask is None else jnp.asarray(mask)
-    if d.shape != s.shape or m.shape != d.shape:
-        raise ValueError(f"group_disagreement: calibrated {tuple(d.shape)}, real {tuple(s.shape)}, "
-                         f"mask {tuple(m.shape)}, expected all equal")
+    d = check_array("calibrated", calibrated, "float", (None,), "one group's scores")
+    s = check_array("real", real, "float", d.shape, "like calibrated")
+    m = jnp.ones(d.shape, bool) if mask is None else check_array("mask", mask, "bool", d.shape, "like calibrated")
     var_s = _masked_mean((s - _masked_mean(s, m)) ** 2, m)
     ok = m.any() & (var_s >= _VAR_FLOOR)
     return jnp.where(ok, _centred_residual_sq(d, s, m) / jnp.where(ok, var_s, 1.0), 0.0), ok
@@ -268,8 +263,7 @@ def init_correction_state(
     ``dtype`` (of scores and float fields) defaults to JAX's default float
     (float32; float64 under ``jax_enable_x64``).
     """
-    if calibration not in CALIBRATIONS:
-        raise ValueError(f"calibration: {calibration!r}, expected one of {CALIBRATIONS}")
+    check_choice("calibration", calibration, CALIBRATIONS)
     for name, v, lo in (("cap", cap, 1), ("bins", bins, 1), ("min_pairs", min_pairs, 0),
                         ("refit_every", refit_every, 0), ("warmup", warmup, 0)):
         if int(v) != v or v < lo:
@@ -505,15 +499,12 @@ def correct_step(
     """
     if not isinstance(state, CorrectionState):
         raise ValueError(f"state: {type(state).__name__}, expected a CorrectionState (init_correction_state)")
-    wm_rewards = jnp.asarray(wm_rewards)
-    if wm_rewards.ndim != 2:
-        raise ValueError(f"wm_rewards: shape {wm_rewards.shape}, expected [N groups, G rollouts]")
+    wm_rewards = check_array("wm_rewards", wm_rewards, "float", (None, None), "[N groups, G rollouts]")
     n, g = wm_rewards.shape
-    wm_rewards = check_array("wm_rewards", wm_rewards, "float", (n, g))
-    wm_graded = check_array("wm_graded", wm_graded, "bool", (n, g))
-    real_rewards = check_array("real_rewards", real_rewards, "float", (n, g))
-    real_graded = check_array("real_graded", real_graded, "bool", (n, g))
-    is_anchor = check_array("is_anchor", is_anchor, "bool", (n,))
+    wm_graded = check_array("wm_graded", wm_graded, "bool", (n, g), "like wm_rewards")
+    real_rewards = check_array("real_rewards", real_rewards, "float", (n, g), "like wm_rewards")
+    real_graded = check_array("real_graded", real_graded, "bool", (n, g), "like wm_rewards")
+    is_anchor = check_array("is_anchor", is_anchor, "bool", (n,), "one per group")
     dtype = state.buf_x.dtype
 
     wm_ok = wm_graded & jnp.isfinite(wm_rewards)

@@ -8,7 +8,7 @@ best turn counts; failures count 0), averaged over tasks (docs/design.md,
 "avg@8"); `sandbox.avg_at_k` computes it.
 
     result = evaluate(lm, tasks, pool, config=agent_config, attempts=8)
-    print(result)                       # EvalResult(avg@8=0.1875, valid_rate=0.41, tasks: ...)
+    print(result)                       # EvalResult(avg@8=18.75 %, valid_rate=0.41, tasks: ...)
     write_report(result, "outputs/eval")  # eval.json + eval.md
 
 `load_policy` opens what `launch/eval.py --checkpoint` accepts: an HF
@@ -24,17 +24,24 @@ import pathlib
 import time
 from typing import Any, Sequence
 
+import jax
+import ml_collections
 import numpy as np
+from tqdm.auto import tqdm
 
-from wmrl_jax import agent
+import sandbox
+from wmrl_jax import agent, chat, micro_world
 from wmrl_jax.chat import ChatModel
+from wmrl_jax.train.checkpoint import Checkpointer
+from wmrl_jax.train.run import abstract_checkpoint_tree
 
 
 @dataclasses.dataclass
 class EvalResult:
     """avg@k and what it is made of.
 
-    score: avg@k over tasks (a fraction; x100 is the paper's percent);
+    score: avg@k over tasks, a fraction (stored so in eval.json and summary.json); every printed form
+      (`repr`, eval.md, the training loop's lines) shows it x100, as the paper's percent;
     per_task / valid_rate / per_category as `sandbox.AvgAtK`; categories: task -> category;
     attempt_best: task -> per attempt, its best valid turn's position score (None: no valid turn);
     attempt_status: task -> per attempt, the status of each turn's run;
@@ -61,7 +68,7 @@ class EvalResult:
 
     def __repr__(self) -> str:
         tasks = ", ".join(f"{k}={v:.3f}" for k, v in self.per_task.items())
-        return (f"EvalResult(avg@{self.attempts}={self.score:.4f}, valid_rate={self.mean_valid_rate:.2f}, "
+        return (f"EvalResult(avg@{self.attempts}={100 * self.score:.2f} %, valid_rate={self.mean_valid_rate:.2f}, "
                 f"tasks: {tasks})")
 
     @property
@@ -93,9 +100,6 @@ def evaluate(lm: ChatModel, tasks: Sequence, pool, *, config: agent.AgentConfig,
     sampler call per turn over their `attempts` rows each; None: all tasks at
     once). `progress` shows a tqdm bar over the attempts as their final runs finish.
     """
-    import sandbox
-    from tqdm.auto import tqdm
-
     if not tasks:
         raise ValueError("tasks: empty, expected at least one held-out task")
     if not isinstance(attempts, (int, np.integer)) or attempts < 1:
@@ -207,8 +211,6 @@ class Policy:
 
 
 def _workdir_config(workdir: pathlib.Path):
-    import ml_collections
-
     path = workdir / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {workdir}: has checkpoints/ but no config.json (expected a training "
@@ -225,8 +227,6 @@ def load_policy(path, *, dtype: str = "float32", prefer: str = "export") -> Poli
     named by its config.json. Raises FileNotFoundError / ValueError naming what
     is missing.
     """
-    from wmrl_jax import chat, micro_world
-
     path = pathlib.Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path}: does not exist (expected an HF checkpoint folder or a training "
@@ -248,21 +248,9 @@ def load_policy(path, *, dtype: str = "float32", prefer: str = "export") -> Poli
         raise FileNotFoundError(
             f"checkpoint {path}: neither an HF checkpoint folder (config.json + *.safetensors) nor a training workdir "
             f"(export/ or checkpoints/)")
-    import jax
-    import jax.numpy as jnp
-
-    from wmrl_jax.train import update
-    from wmrl_jax.train.checkpoint import Checkpointer
-    from wmrl_jax.train.loop import _correction_state
-
     config = _workdir_config(path)
     lm = chat.load_chat_model(config.model_path or micro_world.shipped_path(), dtype=dtype)
-    optimizer = update.make_optimizer(config.optim)
-    like = jax.eval_shape(lambda p: {
-        "train": update.init_train_state(jax.tree.map(jnp.copy, p), optimizer,
-                                         param_dtype=config.optim.param_dtype),
-        "corrections": _correction_state(config.rewards, True, True),
-        "rng": jax.random.key_data(jax.random.key(0))}, lm.model.params)
+    like = abstract_checkpoint_tree(config, lm.model.params)
     ckpt = Checkpointer(path / "checkpoints", max_to_keep=max(1, int(config.checkpoint.max_to_keep)))
     try:
         restored = ckpt.latest(like)

@@ -1,10 +1,11 @@
 """GRPO: group-relative advantages and the clipped policy-gradient loss.
 
 Pure functions in the rlax style: each has its formula and source written out,
-checks its inputs on the first lines (a bad argument raises ValueError, or
-TypeError for a dtype, naming it, what it is and what was expected) and stops
-gradients where a quantity is a target, not a variable. Nothing here imports
-more than jax, so another JAX project can lift these functions as they are.
+checks its inputs on the first lines (`wmrl_jax.checks`: chex asserts for
+rank, shape and dtype at trace time, AssertionError; ValueError for a bad
+value; both name the argument and what was expected) and stops gradients
+where a quantity is a target, not a variable. Nothing here imports more than
+jax and chex, so another JAX project can lift these functions as they are.
 
 Conventions
 -----------
@@ -23,40 +24,9 @@ import numbers
 import jax
 import jax.numpy as jnp
 
+from wmrl_jax.checks import check_array, check_choice, check_int, check_number
+
 Array = jax.Array
-
-
-# Bad arguments raise ValueError (shape, rank, value) or TypeError (dtype), as
-# `corrections.correct_step` does, naming the argument, what it is and what
-# was expected. Shapes and dtypes are static, so these run once at trace time
-# and cost nothing inside jit.
-def _expect_rank(name: str, x: Array, rank: int, what: str) -> None:
-    if x.ndim != rank:
-        raise ValueError(f"{name}: shape {tuple(x.shape)} (rank {x.ndim}), expected rank {rank} {what}")
-
-
-def _expect_shape(name: str, x: Array, shape: tuple[int, ...], what: str) -> None:
-    if tuple(x.shape) != tuple(shape):
-        raise ValueError(f"{name}: shape {tuple(x.shape)}, expected {tuple(shape)} {what}")
-
-
-def _expect_float(name: str, x: Array) -> None:
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"{name}: dtype {x.dtype}, expected a floating dtype")
-
-
-def _expect_bool(name: str, x: Array) -> None:
-    if x.dtype != jnp.bool_:
-        raise TypeError(f"{name}: dtype {x.dtype}, expected bool")
-
-
-def _expect_number(name: str, value, lowest: float, *, strict: bool = False) -> None:
-    """A finite real number >= lowest (> lowest when strict); arrays (traced or not) pass unchecked."""
-    if not isinstance(value, numbers.Real):
-        return
-    ok = value > lowest if strict else value >= lowest
-    if not (ok and abs(float(value)) < float("inf")):
-        raise ValueError(f"{name}: {value!r}, expected a finite number {'>' if strict else '>='} {lowest}")
 
 
 def group_advantages(
@@ -99,21 +69,14 @@ def group_advantages(
         advantages: float[N, G] (rewards' dtype), 0 where ungraded or unused.
         used: bool[N] True for groups that contribute to the loss.
     """
-    rewards = jnp.asarray(rewards)
-    graded = jnp.asarray(graded)
-    is_anchor = jnp.asarray(is_anchor)
-    _expect_rank("rewards", rewards, 2, "[N groups, G rollouts]")
-    _expect_float("rewards", rewards)
-    _expect_shape("graded", graded, rewards.shape, "(like rewards, [N, G])")
-    _expect_bool("graded", graded)
-    _expect_shape("is_anchor", is_anchor, rewards.shape[:1], "([N], one per group of rewards)")
-    _expect_bool("is_anchor", is_anchor)
-    anchor_weight = jnp.asarray(anchor_weight, dtype=rewards.dtype)
-    _expect_shape("anchor_weight", anchor_weight, (), "(a scalar)")
+    rewards = check_array("rewards", rewards, "float", (None, None), "[N groups, G rollouts]")
+    graded = check_array("graded", graded, "bool", rewards.shape, "like rewards")
+    is_anchor = check_array("is_anchor", is_anchor, "bool", rewards.shape[:1], "one per group of rewards")
+    anchor_weight = check_array("anchor_weight", jnp.asarray(anchor_weight, dtype=rewards.dtype), "float", (),
+                                "a scalar")
     if standardize:
-        _expect_number("eps", eps, 0.0, strict=True)   # a degenerate group would divide 0 by 0
-    if not (isinstance(min_graded, numbers.Integral) and min_graded >= 1):
-        raise ValueError(f"min_graded: {min_graded!r}, expected an int >= 1")
+        check_number("eps", eps, 0.0, strict=True)   # a degenerate group would divide 0 by 0
+    check_int("min_graded", min_graded, 1)
 
     valid = graded & jnp.isfinite(rewards)
     # Zero out invalid entries before any arithmetic: NaN * 0 is still NaN.
@@ -208,35 +171,26 @@ def grpo_loss(
         active one, split by side), "approx_kl_old" (k3 estimate of
         KL(π_old ‖ π_θ) = ρ − 1 − log ρ: how far this update moved), "ratio_mean", "ratio_min", "ratio_max".
     """
-    logp = jnp.asarray(logp)
-    _expect_rank("logp", logp, 2, "[B sequences, T tokens]")
-    _expect_float("logp", logp)
-    for name, x in (("old_logp", old_logp), ("ref_logp", ref_logp), ("mask", mask)):
-        _expect_shape(name, jnp.asarray(x), logp.shape, "(like logp, [B, T])")
-    _expect_float("old_logp", jnp.asarray(old_logp))
-    _expect_float("ref_logp", jnp.asarray(ref_logp))
+    logp = check_array("logp", logp, "float", (None, None), "[B sequences, T tokens]")
+    old_logp = check_array("old_logp", old_logp, "float", logp.shape, "like logp")
+    ref_logp = check_array("ref_logp", ref_logp, "float", logp.shape, "like logp")
+    mask = check_array("mask", mask, None, logp.shape, "like logp; bool or float weights")
     advantages = jnp.asarray(advantages)
-    if advantages.shape not in (logp.shape[:1], logp.shape):
-        raise ValueError(
-            f"advantages: shape {tuple(advantages.shape)}, expected [B] = {tuple(logp.shape[:1])} "
-            f"or [B, T] = {tuple(logp.shape)}"
-        )
-    _expect_float("advantages", advantages)
+    # [B] (one per sequence) or [B, T] (per token): checked against the prefix of logp's shape of its rank.
+    check_array("advantages", advantages, "float", logp.shape[:max(1, min(2, advantages.ndim))],
+                f"[B] = {tuple(logp.shape[:1])} or [B, T] = {tuple(logp.shape)}")
     if entropy is not None:
-        entropy = jnp.asarray(entropy)
-        _expect_shape("entropy", entropy, logp.shape, "(like logp, [B, T])")
-        _expect_float("entropy", entropy)
+        entropy = check_array("entropy", entropy, "float", logp.shape, "like logp")
     elif isinstance(entropy_coef, numbers.Real) and entropy_coef != 0:
         # Otherwise the bonus would silently be 0.
         raise ValueError(f"entropy_coef: {entropy_coef!r} but entropy is None; expected the per-token "
                          f"entropy float[B, T] = {tuple(logp.shape)}, or entropy_coef=0")
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation: {aggregation!r}, expected one of {AGGREGATIONS}")
-    _expect_number("clip_eps", clip_eps, 0.0)
+    check_choice("aggregation", aggregation, AGGREGATIONS)
+    check_number("clip_eps", clip_eps, 0.0)
     if clip_eps_high is not None:
-        _expect_number("clip_eps_high", clip_eps_high, 0.0)
-    _expect_number("kl_coef", kl_coef, 0.0)
-    _expect_number("entropy_coef", entropy_coef, 0.0)
+        check_number("clip_eps_high", clip_eps_high, 0.0)
+    check_number("kl_coef", kl_coef, 0.0)
+    check_number("entropy_coef", entropy_coef, 0.0)
     eps_low = clip_eps
     eps_high = clip_eps if clip_eps_high is None else clip_eps_high
 

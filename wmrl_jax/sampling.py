@@ -3,8 +3,9 @@
 Two levels:
 
 * `sample(params, config, family, tokens, valid, rng, ...)` is a pure, jittable
-  function of arrays (config, family and the sampling knobs are static). The
-  training loop calls it inside its own jit; it returns padded arrays.
+  function of arrays (config, family and the sampling knobs are static);
+  `generate` jits it and `train.plan` lowers it to plan a run's memory. It
+  returns padded arrays.
 * `generate(model, prompts, ...)` is the host-side convenience: it left-pads
   python lists, buckets the shapes (so a new prompt length rarely means a new
   compile), calls a cached jit of `sample`, and trims the result to python

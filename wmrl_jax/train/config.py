@@ -10,11 +10,20 @@ from __future__ import annotations
 import math
 import pathlib
 
+import jax
+
+from sandbox.backends import BACKENDS
+from sandbox.ray_pool import import_ray   # Ray itself is imported only when called (an optional extra)
+from wmrl_jax import micro_world
+from wmrl_jax.agent import AgentConfig
+from wmrl_jax.train.run import MODES
+from wmrl_jax.world_model import WorldModelConfig
+
 MODEL_PRESETS = ("micro", "qwen3.5-4b", "qwen3.5-9b")
 BENCHMARKS = ("embedded", "mle_dojo", "dsbench")
 DTYPES = ("float32", "bfloat16")
 MESH_AXES = ("data", "fsdp", "tensor")
-REMAT_POLICIES = ("dots", "full")   # the keys of models.family.REMAT_POLICIES (no jax import here)
+REMAT_POLICIES = ("dots", "full")   # the keys of models.family.REMAT_POLICIES (tests/test_train_update.py checks)
 
 
 def _fail(field: str, value, expected: str):
@@ -75,8 +84,6 @@ def resolve_mesh(mesh, device_count: int) -> tuple[int, int, int]:
 
 def _sandbox_backend(config) -> None:
     """sandbox.backend is a known backend; 'ray' needs Ray importable; an address only goes with 'ray'."""
-    from sandbox.pool import BACKENDS
-
     backend, address = _get(config, "sandbox.backend"), _get(config, "sandbox.ray_address")
     if backend not in BACKENDS:
         _fail("sandbox.backend", backend, f"one of {BACKENDS}")
@@ -85,8 +92,6 @@ def _sandbox_backend(config) -> None:
     if address and backend != "ray":
         _fail("sandbox.ray_address", address, f"'' with sandbox.backend {backend!r} (an address is for 'ray')")
     if backend == "ray":
-        from sandbox.ray_pool import import_ray
-
         try:
             import_ray()
         except ImportError as exc:
@@ -95,8 +100,6 @@ def _sandbox_backend(config) -> None:
 
 def agent_config(config):
     """The `agent.AgentConfig` of a run config (the sandbox timeout is stated in the agent's prompt)."""
-    from wmrl_jax.agent import AgentConfig
-
     a = config.agent
     return AgentConfig(max_turns=a.max_turns, max_new_tokens=a.max_new_tokens,
                        observation_max_tokens=a.observation_max_tokens, overview_chars=a.overview_chars,
@@ -106,8 +109,6 @@ def agent_config(config):
 
 def world_model_config(config):
     """The `world_model.WorldModelConfig` of a run config."""
-    from wmrl_jax.world_model import WorldModelConfig
-
     w = config.world_model
     return WorldModelConfig(overview_chars=w.overview_chars, inventory_chars=w.inventory_chars,
                             code_chars=w.code_chars, max_new_tokens=w.max_new_tokens, temperature=w.temperature,
@@ -124,8 +125,6 @@ def validate(config, *, device_count: int | None = None) -> None:
     `optim.micro_batches` slices each divisible by the mesh's data × fsdp
     size (`device_count` defaults to `jax.device_count()`).
     """
-    from wmrl_jax.train.loop import MODES
-
     for field, names in (("rewards.mode", tuple(MODES)), ("model_preset", MODEL_PRESETS),
                          ("benchmark", BENCHMARKS), ("dtype", DTYPES)):
         if _get(config, field) not in names:
@@ -139,8 +138,6 @@ def validate(config, *, device_count: int | None = None) -> None:
         _fail("model_path", "", f"the {config.model_preset} checkpoint folder ('' means the shipped micro-world, "
                                 f"model_preset 'micro')")
     else:
-        from wmrl_jax import micro_world
-
         if not (micro_world.shipped_path() / "config.json").is_file():
             _fail("model_path", "", f"a built micro-world at {micro_world.shipped_path()} "
                                     f"(python launch/build_micro_world.py), or an HF checkpoint folder")
@@ -208,8 +205,6 @@ def validate(config, *, device_count: int | None = None) -> None:
     _int(config, "log.text_samples", 0)
 
     if device_count is None:
-        import jax
-
         device_count = jax.device_count()
     data, fsdp, _ = resolve_mesh(config.mesh, device_count)
     batch = groups * group_size

@@ -5,9 +5,9 @@ the shardings the training loop gives them; no weight is allocated) and
 lowers and compiles, for the config's model shapes, batch and mesh:
 
 * the jitted GRPO update (`train.update.make_train_step`, exactly as
-  `train.loop.train` builds it: float32 masters, bf16 compute, the config's
+  `train.loop.start_run` builds it: float32 masters, bf16 compute, the config's
   micro-batches and remat, the frozen reference as the second argument, a
-  batch [B, T] of the loop's fixed width `loop.batch_width`);
+  batch [B, T] of the loop's fixed width `run.batch_width`);
 * the agent's sampler (`sampling.sample`, the program `sampling.generate`
   jits) for the last, longest turn: B rows, the conversation so far bucketed
   to a power of two as `generate` does, `agent.max_new_tokens` new tokens
@@ -59,6 +59,14 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
+
+from wmrl_jax import agent, micro_world, sampling, world_model
+from wmrl_jax.models import get_family, make_mesh, qwen35
+from wmrl_jax.models.sharding import tree_shardings
+from wmrl_jax.sampling import _bucket
+from wmrl_jax.train import update
+from wmrl_jax.train.config import agent_config, remat_policy, resolve_mesh, world_model_config
+from wmrl_jax.train.run import batch_width
 
 GIB = 2**30  # HBM sizes as nvidia-smi counts them: an "80 GB" A100 holds 80 GiB
 
@@ -143,10 +151,6 @@ def device_bytes(tree) -> int:
     return total
 
 
-def total_bytes(tree) -> int:
-    return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
-
-
 def _abstract(shapes, shardings=None):
     if shardings is None:
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), shapes)
@@ -162,15 +166,11 @@ def model_of(config):
     The Qwen3.5 presets need no checkpoint (their shapes are `qwen35.PRESETS`);
     'micro' reads the shipped micro-world's (or `model_path`'s) config.json.
     """
-    from wmrl_jax.models import get_family, qwen35
-
     if config.model_preset in qwen35.PRESETS:
         return qwen35, qwen35.PRESETS[config.model_preset], f"qwen35.PRESETS[{config.model_preset!r}]"
     if config.model_preset != "micro":
         raise ValueError(f"config.model_preset: {config.model_preset!r}, expected 'micro' or one of "
                          f"{sorted(qwen35.PRESETS)}")
-    from wmrl_jax import micro_world
-
     folder = pathlib.Path(config.model_path or micro_world.shipped_path())
     path = folder / "config.json"
     if not path.is_file():
@@ -188,9 +188,6 @@ def estimated_prompt_tokens(config, chars_per_token: float) -> tuple[int, int]:
     tokens of chat template: an upper estimate for text at the caps. The loop
     itself measures the real prompts with the tokenizer.
     """
-    from wmrl_jax import agent, world_model
-    from wmrl_jax.train.config import agent_config
-
     a, w = config.agent, config.world_model
     first = len(agent.system_prompt(agent_config(config))) + a.overview_chars + a.inventory_chars
     wm = len(world_model.WM_SYSTEM_PROMPT) + w.overview_chars + w.inventory_chars + w.code_chars
@@ -217,9 +214,6 @@ class Shapes:
 
 
 def shapes_of(config, prompt_tokens: int, wm_prompt_tokens: int, batch_shards: int) -> Shapes:
-    from wmrl_jax.sampling import _bucket
-    from wmrl_jax.train.loop import batch_width
-
     a, w = config.agent, config.world_model
     batch = config.rollout.groups_per_step * config.rollout.group_size
     # A turn adds the reply (max_new_tokens, + an EOS when cut), the observation and its template (batch_width's 64).
@@ -281,9 +275,6 @@ def _compile(name: str, traced) -> Program:
 
 
 def _mesh_for(config, devices: int):
-    from wmrl_jax.models import make_mesh
-    from wmrl_jax.train.config import resolve_mesh
-
     if devices == 1:
         return None   # as the loop: one device runs without a mesh
     if jax.device_count() < devices:
@@ -296,8 +287,6 @@ def _param_shapes(family, model_config, dtype, mesh):
     shapes = jax.eval_shape(lambda: family.init_params(model_config, jax.random.key(0), jnp.dtype(dtype)))
     if mesh is None:
         return _abstract(shapes)
-    from wmrl_jax.models.sharding import tree_shardings
-
     return _abstract(shapes, tree_shardings(mesh, family.param_axes(model_config), shapes))
 
 
@@ -308,8 +297,6 @@ def abstract_state(config, family, model_config, mesh):
     sharded by `update.train_state_shardings`; the frozen reference (which
     is the world model's copy) is in `config.dtype`, sharded like the params.
     """
-    from wmrl_jax.train import update
-
     optimizer = update.make_optimizer(config.optim)
     ref = _param_shapes(family, model_config, config.dtype, mesh)
     masters = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.dtype(config.optim.param_dtype)), ref)
@@ -323,9 +310,6 @@ def abstract_state(config, family, model_config, mesh):
 
 def compile_train(config, family, model_config, mesh, shapes: Shapes, optimizer, state, ref) -> Program:
     """The loop's jitted GRPO update (`update.make_train_step`, built as `loop.train` builds it), compiled."""
-    from wmrl_jax.train import update
-    from wmrl_jax.train.config import agent_config
-
     b, t = shapes.batch, shapes.train_width
     batch = update.Batch(tokens=jax.ShapeDtypeStruct((b, t), jnp.int32), valid=jax.ShapeDtypeStruct((b, t), bool),
                          loss_mask=jax.ShapeDtypeStruct((b, t), bool),
@@ -353,8 +337,6 @@ def compile_sampler(name, config, family, model_config, mesh, params, rows: int,
     `decode_layout=False`: the accelerator path (the CPU-only decode layout
     would hold a second copy of the weights, `sampling.sample`).
     """
-    from wmrl_jax import sampling
-
     tokens = jax.ShapeDtypeStruct((rows, prompt), jnp.int32)
     valid = jax.ShapeDtypeStruct((rows, prompt), bool)
     active = jax.ShapeDtypeStruct((rows,), bool)
@@ -426,8 +408,6 @@ def plan(config, devices: int, *, prompt_tokens: int | None = None, wm_prompt_to
     `programs`: which of "train", "sample" (the agent's sampler), "wm" (the
     world model's sampler) to compile; a phase left out is not in `phases`.
     """
-    from wmrl_jax.train.config import agent_config, remat_policy, resolve_mesh, world_model_config
-
     unknown = set(programs) - {"train", "sample", "wm"}
     if unknown:
         raise ValueError(f"programs: unknown {sorted(unknown)}, expected some of train, sample, wm")
@@ -555,8 +535,6 @@ def knob_candidates(config, devices: int, failing: set) -> list[tuple[str, Any, 
     which shards activations by heads / MLP width and the KV cache by KV
     heads (with micro-batches raised to keep one sequence a device).
     """
-    from wmrl_jax.train.config import remat_policy, resolve_mesh
-
     data, fsdp, tensor = resolve_mesh(config.mesh, devices)
     batch = config.rollout.groups_per_step * config.rollout.group_size
     out = []
