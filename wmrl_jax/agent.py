@@ -61,7 +61,7 @@ class AgentConfig:
 
 # --------------------------------------------------------------------------- what the agent reads
 
-def _cap(text: str, max_chars: int) -> str:
+def cap_text(text: str, max_chars: int) -> str:
     """`text` cut to `max_chars` at a line boundary where possible, marked when cut."""
     text = text.strip()
     if len(text) <= max_chars:
@@ -89,7 +89,7 @@ def task_overview(task, max_chars: int = 4000) -> str:
     text = text.split("\nData inventory\n", 1)[0]
     if not text.strip():
         raise ValueError(f"task {task.name}: empty description (expected info/description.txt with the task text)")
-    return _cap(text, max_chars)
+    return cap_text(text, max_chars)
 
 
 def _render_inventory(inv: dict) -> str:
@@ -149,7 +149,7 @@ def data_inventory(task, max_chars: int = 4000) -> str:
     targets = target_columns(task)
     if targets is not None:
         text = f"Target columns (in train.csv, not in test.csv): {targets!r}\n{text}"
-    return _cap(text, max_chars)
+    return cap_text(text, max_chars)
 
 
 def system_prompt(config: AgentConfig) -> str:
@@ -299,6 +299,6 @@ def run_episodes(lm: ChatModel, tasks: Sequence, group_size: int, *, config: Age
     ]
 
 
-__all__ = ["AgentConfig", "Episode", "FeedbackFn", "SANDBOX_PACKAGES", "data_inventory", "extract_solution",
+__all__ = ["AgentConfig", "Episode", "FeedbackFn", "SANDBOX_PACKAGES", "cap_text", "data_inventory", "extract_solution",
            "initial_messages", "observation_message", "run_episodes", "system_prompt", "target_columns", "task_type_line",
            "task_overview"]

@@ -80,14 +80,14 @@ def plan(config: CorpusConfig, root=None) -> list[dict]:
     """The programs to execute (task, origin, kind, code, key), deterministic in `config.seed`; no agent samples.
 
     Train tasks only. Mutants start from the agent's program form of
-    reference solutions (`micro_world.normalise_solution`), the form the
+    reference solutions (`program_form.normalise_solution`), the form the
     world model is asked about. Duplicates (the same program on the same
     task) are kept once.
     """
     from sandbox import suite
     from sandbox.suite import mutations
     from sandbox.suite.metrics import METRICS
-    from wmrl_jax.micro_world import normalise_solution
+    from wmrl_jax.program_form import normalise_solution
 
     rng = np.random.default_rng(config.seed)
     rows = {r["name"]: r for r in suite.manifest(root)["tasks"]}

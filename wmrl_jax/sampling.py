@@ -320,7 +320,7 @@ _SAMPLE_STATIC = (
 _sample_jit = jax.jit(sample, static_argnames=_SAMPLE_STATIC)
 
 
-def _bucket(n: int, minimum: int, multiple: int = 1) -> int:
+def bucket_size(n: int, minimum: int, multiple: int = 1) -> int:
     """Smallest power of two >= max(n, minimum), rounded up to `multiple`."""
     size = max(minimum, 1 << max(0, int(n) - 1).bit_length())
     return -(-size // multiple) * multiple
@@ -395,8 +395,8 @@ def generate(
     if mesh is not None:
         shards = int(np.prod([mesh.shape[name] for name in _batch_axes(mesh)]))
     num = len(prompts)
-    batch = _bucket(num, 1, shards)
-    width = _bucket(max(len(p) for p in prompts), 16)
+    batch = bucket_size(num, 1, shards)
+    width = bucket_size(max(len(p) for p in prompts), 16)
     tokens = np.full((batch, width), pad_id, np.int32)
     valid = np.zeros((batch, width), bool)
     for row, prompt in enumerate(prompts):

@@ -48,7 +48,7 @@ from typing import Sequence
 import numpy as np
 
 from wmrl_jax import sampling
-from wmrl_jax.agent import SANDBOX_PACKAGES, _cap, data_inventory, target_columns, task_overview
+from wmrl_jax.agent import SANDBOX_PACKAGES, cap_text, data_inventory, target_columns, task_overview
 from wmrl_jax.chat import ChatModel
 
 STATUSES = ("syntax_err", "runtime_err", "ran_no_sub", "valid")   # what the model may answer
@@ -278,7 +278,7 @@ def column_inventory(task, max_chars: int = 4000) -> str:
                 cols.append(f"{c['name']} ({kind}{', missing' if c.get('missing') else ''})")
             lines.append(f"{name}: {info['rows']} rows; {', '.join(cols)}")
         listed[name] = names
-    return _cap("\n".join(lines), max_chars)
+    return cap_text("\n".join(lines), max_chars)
 
 
 WM_SYSTEM_PROMPT = (
@@ -294,7 +294,7 @@ def _case(task, code: str, config: WorldModelConfig) -> str:
     """The user message both designs ask about: task overview, data inventory, numbered listing (each capped)."""
     return (f"# Task\n{task_overview(task, config.overview_chars)}\n\n"
             f"# Data\n{column_inventory(task, config.inventory_chars)}\n\n"
-            f"# Solution\n{_cap(numbered(code), config.code_chars)}")
+            f"# Solution\n{cap_text(numbered(code), config.code_chars)}")
 
 
 def messages(task, code: str, config: WorldModelConfig) -> list[dict]:

@@ -63,7 +63,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from wmrl_jax import agent, micro_world, sampling, world_model
 from wmrl_jax.models import get_family, make_mesh, qwen35
 from wmrl_jax.models.sharding import tree_shardings
-from wmrl_jax.sampling import _bucket
+from wmrl_jax.sampling import bucket_size
 from wmrl_jax.train import update
 from wmrl_jax.train.config import agent_config, remat_policy, resolve_mesh, world_model_config
 from wmrl_jax.train.run import batch_width
@@ -218,15 +218,15 @@ def shapes_of(config, prompt_tokens: int, wm_prompt_tokens: int, batch_shards: i
     batch = config.rollout.groups_per_step * config.rollout.group_size
     # A turn adds the reply (max_new_tokens, + an EOS when cut), the observation and its template (batch_width's 64).
     raw = [prompt_tokens + t * (a.max_new_tokens + a.observation_max_tokens + 64) for t in range(a.max_turns)]
-    buckets = tuple(_bucket(n, 16) for n in raw)
-    rows = _bucket(batch, 1, batch_shards)
+    buckets = tuple(bucket_size(n, 16) for n in raw)
+    rows = bucket_size(batch, 1, batch_shards)
     # World-model calls a step: between turns (feedback for the non-anchor rows), then once over every
     # rollout to score it; each call's rows are bucketed by `generate` (48 of 64 rows -> 64).
     calls = a.max_turns if config.rewards.mode != "real" else 0
-    wm_rows = _bucket(batch * w.num_samples, 1, batch_shards)
+    wm_rows = bucket_size(batch * w.num_samples, 1, batch_shards)
     return Shapes(batch=batch, train_width=batch_width(config, prompt_tokens), prompt_tokens=prompt_tokens,
                   sample_rows=rows, sample_prompt=buckets[-1], sample_new=a.max_new_tokens, turns=a.max_turns,
-                  turn_prompts=buckets, wm_rows=wm_rows, wm_prompt=_bucket(wm_prompt_tokens, 16),
+                  turn_prompts=buckets, wm_rows=wm_rows, wm_prompt=bucket_size(wm_prompt_tokens, 16),
                   wm_prompt_raw=wm_prompt_tokens, wm_new=w.max_new_tokens, wm_calls=calls)
 
 
