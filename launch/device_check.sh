@@ -7,7 +7,7 @@
 #   run(command="bash launch/device_check.sh", carry=[".whl"], timeout_s=540)
 #
 # The GPU image has JAX (CUDA), flax, optax, orbax, transformers and torch, but not
-# ml_collections: its wheel travels in .whl/ (ignored by git; see the device README).
+# ml_collections: its wheel travels in .whl/ (ignored by git; built with pip download for the device image).
 set -uo pipefail
 OUT=${OUT:-/tmp/device_out}
 mkdir -p "$OUT"

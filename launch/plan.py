@@ -164,7 +164,7 @@ def try_knobs(config, first, hbm: float, kw: dict):
         failing = {k for k, v in current_plan.phases.items() if v > hbm}
         candidates = planlib.knob_candidates(current, _DEVICES.value, failing)
         if not candidates:
-            print("  no knob left that this code implements (see the README's Scaling section)")
+            print("  no knob left that this code implements (see docs/scaling.md)")
             break
         what, variant, mesh_changed = candidates[0]
         programs = kw["programs"] if mesh_changed else tuple(failing)

@@ -139,7 +139,7 @@ def test_batch_layout_on_16_devices(model_dir):
 @pytest.mark.parametrize("name,mesh,micro", [("mle_dojo_4b", (-1, 4, 2), 16), ("mle_dojo_9b", (-1, 2, 4), 32),
                                              ("dsbench_4b", (-1, 4, 2), 16), ("dsbench_9b", (-1, 2, 4), 32)])
 def test_paper_configs_default_to_the_planners_fitting_layout(name, mesh, micro):
-    """The layouts `launch/plan.py` shows fit 8 x 80 GB at the paper's caps (README, Scaling)."""
+    """The layouts `launch/plan.py` shows fit 8 x 80 GB at the paper's caps (docs/scaling.md)."""
     c = load(name)
     assert (c.mesh.data, c.mesh.fsdp, c.mesh.tensor) == mesh and c.optim.micro_batches == micro
 

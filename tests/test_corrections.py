@@ -344,7 +344,7 @@ def test_bench_corrections_step_runs(launch_script):
 
 # A fresh process calls each function repeatedly, eagerly, with equal shapes
 # (the README's usage), counting XLA compilations and watching the process's
-# memory mappings and RSS. Issue #19: correct_step used to recompile every
+# memory mappings and RSS. correct_step once recompiled every
 # call (~2 s) and grow ~280 mappings a call until LLVM ran out of memory.
 _EAGER_SCRIPT = textwrap.dedent("""
     import json, sys

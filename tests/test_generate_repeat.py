@@ -1,4 +1,4 @@
-"""`sampling.generate` called again and again with equal shapes: no recompilation, no growth (issue #19).
+"""`sampling.generate` called again and again with equal shapes: no recompilation, no growth.
 
 A training run calls `generate` thousands of times with the same bucketed
 shapes. Each call must reuse the one compiled program: a retrace per call

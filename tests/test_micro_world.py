@@ -179,7 +179,7 @@ def test_rebuild_reproduces_the_first_steps(tmp_path):
 
 
 def test_sampled_solutions_on_held_out_tasks_run_valid_with_mixed_quality(lm, heldout):
-    """The base model writes runnable code on tasks it never saw (issue #14: >= 60 % valid on each
+    """The base model writes runnable code on tasks it never saw (>= 60 % valid on each
     held-out task), of mixed quality: the valid ones rank from the bottom to the top of the leaderboards.
 
     8 samples a task at the shipped sampling settings (seed 0). When this build shipped, 64 samples a

@@ -23,7 +23,7 @@ from nbclient import NotebookClient
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = ("01_corrections.ipynb", "02_model_and_sampler.ipynb", "03_world_model_fidelity.ipynb")
-# Each notebook takes about a minute on an idle 2-core machine (README, "Notebooks"); the
+# Each notebook takes about a minute on an idle 2-core machine (README, "Other commands"); the
 # limit leaves room for a loaded CI runner, and stops a hung cell rather than the whole suite.
 NOTEBOOK_TIMEOUT_S = 360
 

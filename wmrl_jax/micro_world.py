@@ -16,7 +16,7 @@ It learns from three corpora. The first two are written from the suite's
   the same imports everywhere, the estimator named once, module-qualified, on
   a model line right under them, the target list computed rather than
   spelled. A model this small, trained for minutes, learns local dependencies
-  but not the long-range copying a free-form program needs (earlier builds
+  but not the long-range copying a free-form program needs (trained on those, it
   wrote a train task's target name on every held-out task, and imported one
   model class while fitting another);
 * world-model episodes -- the world-model prompt of a train task and a

@@ -57,7 +57,7 @@ def normalise_solution(code: str, targets: Sequence[str] | None = None) -> str:
     The program's one real choice, the estimator, is made in one place, at
     the top, next to the plan line that states it. A model this small, trained
     for minutes, conditions on what is near rather than copying from far away:
-    earlier builds imported one class and fitted another, and wrote a train
+    trained on free-form programs it imported one class and fitted another, and wrote a train
     task's target name on a held-out task. So:
 
     * no leading docstring (it names the model) and no comment lines;

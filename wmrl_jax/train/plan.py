@@ -70,7 +70,7 @@ from wmrl_jax.train.run import batch_width
 
 GIB = 2**30  # HBM sizes as nvidia-smi counts them: an "80 GB" A100 holds 80 GiB
 
-# The paper's cost figures (MISSION.md): GPU-hours of the whole 3200-step run on A100s.
+# The paper's cost figures (arXiv 2608.12564): GPU-hours of the whole 3200-step run on A100s.
 PAPER_GPU_HOURS = {"qwen3.5-4b": {"wmrl": 286, "real": 883}, "qwen3.5-9b": {"wmrl": 349, "real": 1174}}
 A100_BF16_TFLOPS = 312.0   # dense bf16 peak of the paper's accelerator
 A100_HBM_TBPS = 2.04       # A100-80GB HBM2e bandwidth
