@@ -54,7 +54,7 @@ def resolve_tasks(spec: str, data_dir: str, benchmark: str) -> list:
     import sandbox
 
     if "/" not in spec:   # a bare name is a split of the task root
-        from wmrl_jax.train.loop import load_tasks   # the training loop's rule: <data_dir>/<split>/, else <data_dir>/
+        from wmrl_jax.train.run import load_tasks   # the training loop's rule: <data_dir>/<split>/, else <data_dir>/
 
         return load_tasks(ml_collections.ConfigDict(dict(data_dir=data_dir, benchmark=benchmark)), spec)
     path = pathlib.Path(spec)
@@ -77,7 +77,7 @@ def main(argv):
     from configs import tiny_cpu
     from wmrl_jax.evaluate import evaluate, load_policy, write_report
     from wmrl_jax.train.config import agent_config
-    from wmrl_jax.train.loop import seed_for
+    from wmrl_jax.train.run import eval_seed
 
     logging.set_verbosity(logging.WARNING)
     if not _CHECKPOINT.value:
@@ -97,7 +97,7 @@ def main(argv):
     tasks = resolve_tasks(_TASKS.value, data_dir, benchmark)        # checked before the model loads
     policy = load_policy(checkpoint, dtype=config.dtype, prefer=_SOURCE.value)
     print(f"{policy}: avg@{_ATTEMPTS.value} on {len(tasks)} tasks ({', '.join(t.name for t in tasks)})")
-    seed = _SEED.value if _SEED.value is not None else seed_for(config.get("seed", 0), 1 << 20)
+    seed = _SEED.value if _SEED.value is not None else eval_seed(config.get("seed", 0))
     pool = sandbox.make_pool(config.sandbox.get("backend", "local"), ray_address=config.sandbox.get("ray_address", ""),
                              workers=config.sandbox.workers, timeout_s=config.sandbox.timeout_s,
                              memory_mb=config.sandbox.memory_mb, cpus=config.sandbox.cpus)

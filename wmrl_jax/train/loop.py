@@ -62,7 +62,6 @@ from wmrl_jax.train.metrics import SummaryWriter
 from wmrl_jax.train.report import (RunSummary, held_out_scalars, log_pairs, percent, progress_fields, progress_legend,
                                    rollout_text, step_scalars)
 from wmrl_jax.train.rewards import RewardRouter
-# load_tasks and seed_for are also imported from here by launch/eval.py.
 from wmrl_jax.train.run import (MODES, Arm, Counters, SeedStream, TaskCursor, batch_width, checkpoint_tree,
                                 correction_state, eval_seed, load_tasks, make_sandbox_pool, seed_for, step_seed)
 
@@ -357,5 +356,5 @@ def train(config, *, progress: bool = True) -> RunSummary:
         run.close()
 
 
-__all__ = ["Run", "evaluate_held_out", "finish_run", "finished_summary", "load_tasks", "make_batch", "make_pool",
-           "save_checkpoint", "seed_for", "start_run", "train", "train_step"]
+__all__ = ["Run", "evaluate_held_out", "finish_run", "finished_summary", "make_batch", "make_pool",
+           "save_checkpoint", "start_run", "train", "train_step"]
