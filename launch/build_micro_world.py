@@ -4,11 +4,10 @@
     python launch/build_micro_world.py --seeds=0,1,2        # 3 builds; ships the best by a train-split check
     python launch/build_micro_world.py --out /tmp/mw --steps 3
 
-One build takes about 25-30 minutes on 2 idle CPU cores; deterministic for a
+One build takes about 8-9 minutes on 2 idle CPU cores; deterministic for a
 given seed and code (build_log.json records every step's loss) and resumable
-(started again with the same flags it continues from `<out>.partial`). It
-reads the execution corpus beside the suite (`python launch/build_wm_corpus.py`
-makes it). With several seeds, each is built into `<out>.seed<k>` and checked
+(started again with the same flags it continues from `<out>.partial`). With
+several seeds, each is built into `<out>.seed<k>` and checked
 on the TRAIN tasks only (`micro_world.train_split_check`: the agent's valid
 rate, then the world model's Spearman on logged train programs); the best
 is copied to `--out`. The held-out tasks never choose the shipped weights.
@@ -41,9 +40,9 @@ def _build(out: str, seed: int) -> dict:
 
     config = dataclasses.replace(micro_world.MicroWorldConfig(), seed=seed)
     log = micro_world.build(out, config, steps=_STEPS.value)
-    print(f"micro-world seed {seed}: {log['parameters'] / 1e6:.2f}M parameters, {log['steps']} steps, "
-          f"agent reply loss {log['reply_nll'][0]:.3f} -> {log['reply_nll'][-1]:.3f}, world-model loss "
-          f"{log['world_model_nll'][0]:.3f} -> {log['world_model_nll'][-1]:.3f}, {log['seconds']:.0f} s -> {out}")
+    print(f"micro-world seed {seed}: {log['parameters'] / 1e6:.2f}M parameters, {log['steps']} steps of "
+          f"{log['batch_size']} x {log['width']} tokens, reply loss {log['reply_nll'][0]:.3f} -> "
+          f"{log['reply_nll'][-1]:.3f}, {log['seconds']:.0f} s -> {out}")
     return log
 
 

@@ -15,6 +15,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -162,12 +163,36 @@ def test_rule_examples_teach_type_to_estimator_and_plan_to_code():
 
 
 def test_rebuild_reproduces_the_first_steps(tmp_path):
-    """`python launch/build_micro_world.py` retraces the shipped build: same tokenizer, same first losses."""
+    """`python launch/build_micro_world.py` retraces the shipped build: same tokenizer, same first losses --
+    here resuming a build interrupted after its first step, which left no checkpoint folder behind."""
     out = tmp_path / "rebuild"
+    interrupt = textwrap.dedent(f"""
+        from wmrl_jax import micro_world
+        real_step = micro_world.make_train_step
+        def interrupted_after_one_step(*args, **kwargs):
+            step, calls = real_step(*args, **kwargs), []
+            def once(*a):
+                if calls:
+                    raise KeyboardInterrupt("simulated interruption")
+                calls.append(1)
+                return step(*a)
+            return once
+        micro_world.make_train_step = interrupted_after_one_step
+        try:
+            micro_world.build({str(out)!r}, steps=2, progress=False, save_every=1)
+        except KeyboardInterrupt:
+            print("interrupted")
+        """)
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}   # the build runs on one device
+    first = subprocess.run([sys.executable, "-c", interrupt], cwd=REPO, env=env, check=True, capture_output=True,
+                           text=True, timeout=900)
+    assert first.stdout.strip().endswith("interrupted"), first.stdout
+    assert not out.exists() and not out.with_name("rebuild.new").exists()     # nothing half-written
+    assert (out.with_name("rebuild.partial") / "state.pkl").is_file()
     subprocess.run([sys.executable, "launch/build_micro_world.py", f"--out={out}", "--steps=2"], cwd=REPO, env=env,
                    check=True, capture_output=True, timeout=900)
     assert (out / "tokenizer.json").read_bytes() == (SHIPPED / "tokenizer.json").read_bytes()
+    assert not out.with_name("rebuild.partial").exists()
     shipped = json.loads((SHIPPED / micro_world.BUILD_LOG).read_text())
     rebuilt = json.loads((out / micro_world.BUILD_LOG).read_text())
     assert rebuilt["planned_steps"] == shipped["planned_steps"] and rebuilt["width"] == shipped["width"]

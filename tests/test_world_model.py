@@ -114,7 +114,11 @@ def test_predict_gates_without_the_model_and_never_scores_garbage_as_zero(tmp_pa
 def test_prompt_shows_task_inventory_and_numbered_code(task):
     messages = world_model.messages(task, "import os\nx = 1\n", CONFIG)
     user = messages[1]["content"]
-    assert "# Task\n" in user and "# Data\n" in user and "# Solution\nimport os  # 1\nx = 1  # 2" in user
+    assert "# Task\n" in user and "# Data\n" in user and "# Solution\n1 | import os\n2 | x = 1" in user
+    other = dataclasses.replace(CONFIG, listing="comment", inventory="columns", inventory_chars=600)
+    commented = world_model.messages(task, "import os\nx = 1\n", other)
+    user = commented[1]["content"]
+    assert "# Solution\nimport os  # 1\nx = 1  # 2" in user and "train.csv:" in user and "range [" not in user
     assert "STATUS:" in messages[0]["content"] and "QUALITY:" in messages[0]["content"]
 
 
@@ -135,9 +139,16 @@ def test_bad_input(task, tmp_path):
 def test_listing_lines_start_as_the_agent_writes_them():
     """Line numbers are trailing comments: every listed line starts with the code itself and still compiles."""
     code = "import os\n\nfor i in range(3):\n    x = i  # note\n"
-    listing = world_model.numbered(code)
+    listing = world_model.numbered(code, "comment")
     assert listing.split("\n") == ["import os  # 1", "# 2", "for i in range(3):  # 3", "    x = i  # note  # 4"]
     compile(listing, "listing.py", "exec")
+    assert world_model.numbered(code).split("\n")[0] == "1 | import os"
+    with pytest.raises(ValueError, match="listing: got 'suffix'"):
+        world_model.numbered(code, "suffix")
+    with pytest.raises(ValueError, match=r"WorldModelConfig.listing: got 'x', expected one of \('prefix', 'comment'\)"):
+        world_model.WorldModelConfig(listing="x")
+    with pytest.raises(ValueError, match="WorldModelConfig.inventory: got 'x'"):
+        world_model.WorldModelConfig(inventory="x")
 
 
 def test_column_inventory_lists_every_column_once(task):
@@ -285,7 +296,7 @@ def test_decomposed_predict_asks_every_check_of_every_solution_in_one_generate_c
         tokens = []
         for ids in prompts:
             text = tiny_lm.decode(ids)
-            marker = next(m for m in canned if f"{m}  # 1" in text)
+            marker = next(m for m in canned if f"1 | {m}" in text)
             checks, quality = canned[marker]
             if world_model.WM_SYSTEM_PROMPT in text:
                 answer = world_model.format_answer("valid", bucket="low")

@@ -65,6 +65,10 @@ RUBRIC = "quality"   # the decomposed design's quality question, asked alongside
 VERDICTS = ("pass", "fail")
 
 
+LISTINGS = ("prefix", "comment")
+INVENTORIES = ("agent", "columns")
+
+
 @dataclasses.dataclass(frozen=True)
 class WorldModelConfig:
     """How the world model is prompted and sampled. Defaults: the paper's (docs/design.md)."""
@@ -81,10 +85,20 @@ class WorldModelConfig:
     bucket_positions: tuple[tuple[str, float], ...] = DEFAULT_BUCKET_POSITIONS
     # "holistic": one answer per solution; "decomposed": len(CHECKS) checks + the rubric per solution.
     design: str = "holistic"
+    # How the code is listed (`numbered`): "prefix" (``19 | X_test = ...``, what the shipped micro-world
+    # was trained on) or "comment" (``X_test = ...  # 19``: lines start as the agent writes them).
+    listing: str = "prefix"
+    # The data section (`data_inventory`): "agent" (the agent's inventory, value ranges) or "columns"
+    # (`column_inventory`: every column with its dtype and gaps, one line a file).
+    inventory: str = "agent"
 
     def __post_init__(self):
         if self.design not in DESIGNS:
             raise ValueError(f"WorldModelConfig.design: got {self.design!r}, expected one of {DESIGNS}")
+        if self.listing not in LISTINGS:
+            raise ValueError(f"WorldModelConfig.listing: got {self.listing!r}, expected one of {LISTINGS}")
+        if self.inventory not in INVENTORIES:
+            raise ValueError(f"WorldModelConfig.inventory: got {self.inventory!r}, expected one of {INVENTORIES}")
         for name in ("overview_chars", "inventory_chars", "code_chars", "max_new_tokens", "num_samples"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or value < 1:
@@ -221,19 +235,25 @@ def gate(text: str | None) -> tuple[str, str, str] | None:
     return refusal.status, refusal.error_type, refusal.feedback()
 
 
-def numbered(code: str) -> str:
-    """Code as the world model reads it: every line unchanged, its 1-based number in a trailing comment.
+def numbered(code: str, listing: str = "prefix") -> str:
+    """Code with 1-based line numbers, as the world model reads it (errors are reported by line).
 
-    Errors are reported by line, so the model needs the numbers; but the
-    world model and the agent are one backbone, and a listing whose lines
-    *start* with numbers (``19 | X_test = ...``) taught the agent to start its
-    own code lines that way once RL moved the shared weights (P("19") at a
-    boilerplate line rose from 0.055 to 0.91 in 12 GRPO steps: a syntax error
-    in every program). Lines here start exactly as the agent writes them, and
-    the number is a comment: drifting into it still runs.
+    "prefix": ``19 | X_test = ...``. "comment": ``X_test = ...  # 19`` --
+    every line starts exactly as the agent writes it, and drifting into the
+    format still runs. The world model and the agent are one backbone: with
+    the prefix listing, 12 GRPO steps at lr 5e-5 raised the micro-world
+    agent's P("19") at the start of a boilerplate line from 0.055 to 0.91 (a
+    syntax error in every program). The shipped micro-world was trained on
+    the prefix form, so that stays the default until a build on "comment"
+    ships.
     """
+    if listing not in LISTINGS:
+        raise ValueError(f"listing: got {listing!r}, expected one of {LISTINGS}")
     lines = code.rstrip("\n").split("\n")
-    return "\n".join(f"{line}  # {i}" if line.strip() else f"# {i}" for i, line in enumerate(lines, 1))
+    if listing == "comment":
+        return "\n".join(f"{line}  # {i}" if line.strip() else f"# {i}" for i, line in enumerate(lines, 1))
+    width = len(str(len(lines)))
+    return "\n".join(f"{i:>{width}} | {line}" for i, line in enumerate(lines, 1))
 
 
 def column_inventory(task, max_chars: int = 4000) -> str:
@@ -290,11 +310,14 @@ WM_SYSTEM_PROMPT = (
     "FEEDBACK: the execution feedback the author would read")
 
 
+_INVENTORY = {"agent": data_inventory, "columns": column_inventory}
+
+
 def _case(task, code: str, config: WorldModelConfig) -> str:
     """The user message both designs ask about: task overview, data inventory, numbered listing (each capped)."""
     return (f"# Task\n{task_overview(task, config.overview_chars)}\n\n"
-            f"# Data\n{column_inventory(task, config.inventory_chars)}\n\n"
-            f"# Solution\n{cap_text(numbered(code), config.code_chars)}")
+            f"# Data\n{_INVENTORY[config.inventory](task, config.inventory_chars)}\n\n"
+            f"# Solution\n{cap_text(numbered(code, config.listing), config.code_chars)}")
 
 
 def messages(task, code: str, config: WorldModelConfig) -> list[dict]:
@@ -560,6 +583,6 @@ def predict(model: ChatModel, tasks: Sequence, codes: Sequence[str | None], *, c
 
 __all__ = ["BUCKETS", "CHECKS", "DEFAULT_BUCKET_POSITIONS", "DESIGNS", "Prediction", "QUALITY_SYSTEM_PROMPT", "RUBRIC",
            "RUNTIME_CHECKS", "STATUSES", "VERDICTS", "WM_SYSTEM_PROMPT", "WorldModelConfig", "check_messages",
-           "check_system_prompt", "column_inventory", "combine_checks", "default_feedback", "format_answer",
+           "INVENTORIES", "LISTINGS", "check_system_prompt", "column_inventory", "combine_checks", "default_feedback", "format_answer",
            "format_check_answer", "format_quality_answer", "gate", "installed_versions", "ladder_reward", "messages",
            "numbered", "parse_answer", "parse_check_answer", "parse_quality_answer", "predict", "quality_bucket"]

@@ -112,7 +112,8 @@ def world_model_config(config):
     w = config.world_model
     return WorldModelConfig(overview_chars=w.overview_chars, inventory_chars=w.inventory_chars,
                             code_chars=w.code_chars, max_new_tokens=w.max_new_tokens, temperature=w.temperature,
-                            top_p=w.top_p, top_k=w.top_k, num_samples=w.num_samples)
+                            top_p=w.top_p, top_k=w.top_k, num_samples=w.num_samples, design=w.design,
+                            listing=w.listing, inventory=w.inventory)
 
 
 def validate(config, *, device_count: int | None = None) -> None:
