@@ -49,9 +49,11 @@ def main(argv):
         tasks = [sandbox.load_task(p) for p in suite.list_tasks("train")]
         codes = fidelity.sample_solutions(lm, tasks, config.agent_samples_per_task,
                                           config=micro_world.MicroWorldConfig().agent, seed=config.seed)
-        agent = execution_corpus.agent_entries(tasks, codes)
         known = {e["key"] for e in entries}
-        entries += [e for e in agent if e["key"] not in known and not known.add(e["key"])]
+        for entry in execution_corpus.agent_entries(tasks, codes):
+            if entry["key"] not in known:   # the same program sampled twice is run once
+                known.add(entry["key"])
+                entries.append(entry)
     out = _OUT.value or execution_corpus.corpus_path()
     rows = execution_corpus.execute(entries, out, config=config, workers=_WORKERS.value)
     from collections import Counter

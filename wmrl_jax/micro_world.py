@@ -528,9 +528,10 @@ def train_split_check(path, *, per_task: int = 8, seed: int = 0, workers: int = 
            for i in range(len(tasks))]
     rows = {row["name"]: row for row in suite.manifest()["tasks"]}
     rng = np.random.default_rng(seed)
+    log = suite.execution_log("train")
     logged = []
     for t in tasks:
-        entries = [e for e in suite.execution_log("train") if e["task"] == t.name and world_model.gate(e["code"]) is None]
+        entries = [e for e in log if e["task"] == t.name and world_model.gate(e["code"]) is None]
         logged += [entries[i] for i in sorted(rng.choice(len(entries), size=min(per_task, len(entries)), replace=False))]
     by_name = {t.name: t for t in tasks}
     preds = world_model.predict(lm, [by_name[e["task"]] for e in logged],
