@@ -33,6 +33,8 @@ _AGENT = flags.DEFINE_integer("agent_samples_per_task", _DEFAULTS.agent_samples_
                               "The agent's own programs per train task (0: none, no model is loaded).")
 _SEED = flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of the mutation plan and of the agent's sampling.")
 _WORKERS = flags.DEFINE_integer("workers", 2, "Concurrent sandboxes.")
+_REUSE = flags.DEFINE_bool("reuse", True, "Keep the labels of programs already in the corpus at --out (same suite, "
+                                          "same time limit) and run only the new ones; --noreuse runs everything.")
 
 
 def main(argv):
@@ -55,7 +57,8 @@ def main(argv):
                 known.add(entry["key"])
                 entries.append(entry)
     out = _OUT.value or execution_corpus.corpus_path()
-    rows = execution_corpus.execute(entries, out, config=config, workers=_WORKERS.value)
+    previous = execution_corpus.reusable(out, config) if _REUSE.value else {}
+    rows = execution_corpus.execute(entries, out, config=config, workers=_WORKERS.value, previous=previous)
     from collections import Counter
 
     print(f"execution corpus: {len(rows)} programs -> {out}")

@@ -56,7 +56,7 @@ def main(argv):
     from sandbox import suite
     from wmrl_jax import chat, fidelity, micro_world, world_model
 
-    mw = micro_world.MicroWorldConfig()
+    mw = micro_world.config_of(_CHECKPOINT.value)   # the prompt format the checkpoint was trained on
     lm = chat.load_chat_model(_CHECKPOINT.value or micro_world.shipped_path())
     print(lm)
     rng = np.random.default_rng(_SEED.value)

@@ -110,6 +110,37 @@ def test_execute_resumes_and_writes_atomically(tmp_path):
     assert execution_corpus.load(out) == rows
 
 
+def test_targeted_kinds_are_added_without_changing_the_drawn_plan():
+    config = execution_corpus.CorpusConfig(references_per_task=2, mutants_per_reference=3, slow_tasks=0)
+    entries = execution_corpus.plan(config)
+    targeted = [e for e in entries if e["kind"] in execution_corpus.TARGETED]
+    drawn = [e for e in entries if e["kind"] not in execution_corpus.TARGETED]
+    assert entries[:len(drawn)] == drawn           # the targeted pass comes last, after every drawn program
+    # probability_shape applies to the classification tasks' picked references (2 each), on every metric kind
+    kinds = {METRICS[r["metric"]].kind for r in suite.manifest()["tasks"]
+             if r["name"] in {e["task"] for e in targeted}}
+    assert kinds == {"label", "proba", "classes"} and len(targeted) >= 2 * 6
+    program = _program("breast_cancer_diagnosis")
+    facts, _ = _facts("breast_cancer_diagnosis")
+    mutant = mutations.mutate(program, facts, "probability_shape", 0)
+    assert "predict = model.predict_proba\n" in mutant and "pd.DataFrame({TARGETS[0]: predict(X_test)})" in mutant
+
+
+def test_shipped_labels_are_reused_not_rerun(tmp_path):
+    """A regeneration that adds programs runs only those: earlier labels come from the file at --out."""
+    config = execution_corpus.CorpusConfig()
+    shipped = execution_corpus.reusable(execution_corpus.corpus_path(), config)
+    assert len(shipped) == len(execution_corpus.load())
+    entries = [{k: r[k] for k in ("key", "task", "origin", "kind", "code")} for r in list(shipped.values())[:3]]
+    rows = execution_corpus.execute(entries, tmp_path / "c.jsonl.gz", config=config, workers=1, progress=False,
+                                    previous=shipped)
+    assert rows == [shipped[e["key"]] for e in entries]
+    # Another time limit, or a file that is not a corpus: nothing is reused.
+    assert execution_corpus.reusable(execution_corpus.corpus_path(), execution_corpus.CorpusConfig(timeout_s=61.0)) == {}
+    (tmp_path / "bad.jsonl.gz").write_bytes(b"not gzip")
+    assert execution_corpus.reusable(tmp_path / "bad.jsonl.gz", config) == {}
+
+
 def test_load_refuses_truncated_foreign_and_missing_files(tmp_path):
     header = {"format": execution_corpus.FORMAT, "version": execution_corpus.VERSION,
               "suite": execution_corpus.suite_fingerprint()}

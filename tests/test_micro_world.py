@@ -262,3 +262,18 @@ def test_padded_vocabulary_ids_are_masked_and_never_sampled():
     unmasked = sampling.generate(plain_model, [ids] * 4, max_new_tokens=48,
                                  temperature=4.0, seed=0, pad_id=lm.pad_id)
     assert max(int(np.max(t)) for t in unmasked.tokens) >= n   # the check above can fail
+
+
+def test_config_of_reads_the_prompt_format_a_checkpoint_was_built_with(tmp_path):
+    assert micro_world.config_of(SHIPPED) == micro_world.MicroWorldConfig()   # its log predates the record: defaults
+    recorded = {"listing": "comment", "inventory": "columns", "inventory_chars": 640}
+    (tmp_path / micro_world.BUILD_LOG).write_text(json.dumps({micro_world.PROMPT_FORMAT: recorded}))
+    config = micro_world.config_of(tmp_path)
+    assert {k: getattr(config.world_model, k) for k in recorded} == recorded
+    assert config.agent == micro_world.MicroWorldConfig().agent
+    (tmp_path / micro_world.BUILD_LOG).write_text(json.dumps({micro_world.PROMPT_FORMAT: {"temperature": 0.1}}))
+    with pytest.raises(ValueError, match="unknown world-model prompt fields"):
+        micro_world.config_of(tmp_path)
+    with pytest.raises(ValueError, match="listing"):
+        (tmp_path / micro_world.BUILD_LOG).write_text(json.dumps({micro_world.PROMPT_FORMAT: {"listing": "x"}}))
+        micro_world.config_of(tmp_path)

@@ -91,6 +91,8 @@ def test_policy_spread_by_hand():
     assert spread["distinct_model_lines"] == pytest.approx((3 + 1) / 2)
     assert spread["reward_sd"] == pytest.approx((np.std(rewards) + 0.0) / 2)
     assert spread["identical_reward_groups"] == pytest.approx(0.5)
+    samples.append(S("train", "u", "sampled", "model = tree.A()\n", "runtime_err", 0.0, None))
+    assert fidelity.policy_spread(samples, group_size=4)["valid_rate_by_task"] == {"t": 1.0, "u": 0.8}
 
 
 def test_spearman_is_nan_for_constant_input():

@@ -72,6 +72,11 @@ class CorpusConfig:
     timeout_s: float = 120.0         # the micro-world agent's sandbox limit (MicroWorldConfig.agent.timeout_s)
 
 
+# Mutation kinds applied to every picked reference rather than drawn: failures the agent was seen to make
+# that the drawn kinds did not cover (2-D `predict_proba` output into a one-column submission).
+TARGETED = ("probability_shape",)
+
+
 def _program_key(task: str, code: str) -> str:
     return hashlib.sha256(f"{task}\0{code}".encode()).hexdigest()[:20]
 
@@ -93,8 +98,8 @@ def plan(config: CorpusConfig, root=None) -> list[dict]:
     rows = {r["name"]: r for r in suite.manifest(root)["tasks"]}
     log = suite.execution_log("train", root)
     paths = {p.name: p for p in suite.list_tasks("train", root)}
-    kinds = [k for k in mutations.MUTATIONS if k != "too_slow"]
-    out, seen = [], set()
+    kinds = [k for k in mutations.MUTATIONS if k not in ("too_slow", *TARGETED)]
+    out, seen, picked = [], set(), []
 
     def add(task, origin, kind, code):
         key = _program_key(task, code)
@@ -110,6 +115,7 @@ def plan(config: CorpusConfig, root=None) -> list[dict]:
         pick = rng.choice(len(refs), size=min(config.references_per_task, len(refs)), replace=False)
         for j in sorted(pick):
             program = normalise_solution(refs[j]["code"], row["targets"])
+            picked.append((name, program, facts))
             for kind in rng.choice(kinds, size=min(config.mutants_per_reference, len(kinds)), replace=False):
                 mutant = mutations.mutate(program, facts, str(kind), int(rng.integers(2**31)))
                 if mutant is not None:
@@ -119,6 +125,14 @@ def plan(config: CorpusConfig, root=None) -> list[dict]:
             mutant = mutations.mutate(program, facts, "too_slow", int(rng.integers(2**31)))
             if mutant is not None:
                 add(name, "mutant", "too_slow", mutant)
+    # Kinds added after the first corpus, applied to every picked reference in a pass of their own (with a
+    # stream of their own), so that the programs above -- and their labels -- stay what they were.
+    targeted = np.random.default_rng([config.seed, 1])
+    for kind in TARGETED:
+        for name, program, facts in picked:
+            mutant = mutations.mutate(program, facts, kind, int(targeted.integers(2**31)))
+            if mutant is not None:
+                add(name, "mutant", kind, mutant)
     return out
 
 
@@ -149,8 +163,27 @@ def _labelled(entry: dict, result) -> dict:
             "error_line": result.error_line, "feedback": result.feedback[:400], "cpu_s": round(result.cpu_s, 2)}
 
 
+def reusable(path, config: CorpusConfig, root=None) -> dict[str, dict]:
+    """{program key: labelled row} of an earlier corpus at `path` run under the same suite and time limit.
+
+    A program's label depends only on the program, its task's data and the
+    sandbox's limit, so a regeneration that adds programs (a new mutation
+    kind) reruns only those. Nothing (an empty dict) when the file is missing
+    or unusable: then every program runs.
+    """
+    try:
+        rows = load(path, root=root)
+        with gzip.open(path, "rt") as f:
+            header = json.loads(f.readline())
+    except CorpusError:
+        return {}
+    if header.get("config", {}).get("timeout_s") != config.timeout_s:
+        return {}
+    return {r["key"]: r for r in rows}
+
+
 def execute(entries: Sequence[dict], out_path, *, config: CorpusConfig, workers: int = 2, root=None,
-            progress: bool = True) -> list[dict]:
+            progress: bool = True, previous: dict[str, dict] | None = None) -> list[dict]:
     """Runs every entry in the sandbox and writes the corpus to `out_path`; resumes a partial build.
 
     Results are appended to `<out_path>.partial` as they finish (flushed, one
@@ -159,6 +192,8 @@ def execute(entries: Sequence[dict], out_path, *, config: CorpusConfig, workers:
     partial file removed, so an interrupted build leaves no half-written
     corpus under `out_path`. Runs whose outcome could not be established
     ("unknown") are kept out of the corpus and retried on the next run.
+    `previous` ({key: row}, see `reusable`) supplies labels of programs
+    that already ran; they are not run again.
     """
     import sandbox
     from sandbox import suite
@@ -182,6 +217,9 @@ def execute(entries: Sequence[dict], out_path, *, config: CorpusConfig, workers:
             partial.unlink()
     if not partial.is_file():
         partial.write_text(json.dumps(header) + "\n")
+    for entry in entries:
+        if entry["key"] not in done and entry["key"] in (previous or {}):
+            done[entry["key"]] = {**previous[entry["key"]], **entry}
     tasks = {p.name: sandbox.load_task(p) for p in suite.list_tasks("train", root)}
     todo = [e for e in entries if e["key"] not in done]
     with open(partial, "a") as sink, \
@@ -261,5 +299,5 @@ def load(path=None, root=None) -> list[dict]:
     return rows
 
 
-__all__ = ["CORPUS_NAME", "CorpusConfig", "CorpusError", "REGENERATE", "agent_entries", "corpus_path", "execute",
-           "load", "plan", "plan_fingerprint", "suite_fingerprint", "write"]
+__all__ = ["CORPUS_NAME", "CorpusConfig", "CorpusError", "REGENERATE", "TARGETED", "agent_entries", "corpus_path",
+           "execute", "load", "plan", "plan_fingerprint", "reusable", "suite_fingerprint", "write"]

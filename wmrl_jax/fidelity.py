@@ -139,7 +139,8 @@ def policy_spread(samples: Sequence[Sample], group_size: int = 4) -> dict:
     `group_size` (as the loop's groups are drawn). Per group: the number of
     distinct estimator classes, of distinct model lines (class + settings),
     and the population standard deviation of the real rewards; means over
-    groups, and the share of groups whose real rewards are all equal.
+    groups, and the share of groups whose real rewards are all equal. Also
+    each task's real valid rate over all its sampled programs.
     """
     by_task: dict[str, list[Sample]] = {}
     for s in samples:
@@ -157,7 +158,9 @@ def policy_spread(samples: Sequence[Sample], group_size: int = 4) -> dict:
                 flat.append(float(np.ptp(rewards) == 0))
     if not classes:
         return {}
+    valid_rate = {task: float(np.mean([s.real_status == "valid" for s in rows])) for task, rows in by_task.items()}
     return {"groups": len(classes), "group_size": group_size, "distinct_estimators": float(np.mean(classes)),
+            "valid_rate_by_task": valid_rate,
             "distinct_model_lines": float(np.mean(lines)),
             "reward_sd": float(np.mean(sds)) if sds else float("nan"),
             "identical_reward_groups": float(np.mean(flat)) if flat else float("nan")}
@@ -246,6 +249,10 @@ def format_report(report: dict) -> str:
                          f"{spread['distinct_model_lines']:.2f} distinct model lines, real-reward sd "
                          f"{spread['reward_sd']:.3f}, groups with identical rewards "
                          f"{spread['identical_reward_groups']:.0%}")
+            rates = spread.get("valid_rate_by_task", {})
+            if rates:
+                lines.append(f"  sampled programs valid, by task: " + ", ".join(f"{t} {v:.0%}" for t, v in rates.items())
+                             + f" (lowest {min(rates.values()):.0%})")
     cost = report["cost"]
     lines.append(f"cost: {cost['wm_predictions_per_s']:.2f} world-model predictions/s vs "
                  f"{cost['real_executions_per_s']:.2f} real executions/s ({cost['speedup']:.1f}x), "

@@ -50,6 +50,7 @@ guarantee of the recipe.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import pathlib
@@ -124,6 +125,14 @@ class MicroWorldConfig:
     rule_batch_size: int = 8   # rule examples (`rule_examples`, ~150 tokens) beside each batch of episodes
     world_model_valid_per_task: int = 24  # plus every failed run (about 4 a task) in the world-model corpus
     prompt_loss_weight: float = 1.0  # prompt tokens are training text too (the cost of the forward is paid anyway)
+    # The outcome stream (0: none, the first micro-world's recipe). World-model episodes of every logged train
+    # run and of the execution corpus (`outcome_examples`), this many a step beside the mixed batch, with a
+    # loss of their own: the mean over episodes of each one's mean answer-token NLL, times the weight. No
+    # loss on their prompts: those hold mutants (wrong code, on purpose), which must not become the agent's
+    # training text; and mixed into one token mean, an answer's two deciding tokens (status, quality) carry
+    # ~1/1000 of a batch's loss.
+    outcome_batch_size: int = 0
+    outcome_loss_weight: float = 1.0
 
     def model_config(self, vocab_size: int, eos_id: int, pad_id: int):
         """The Qwen3.5 (hybrid Gated DeltaNet + gated attention) config of the micro-world model."""
@@ -252,6 +261,28 @@ def corpora(config: MicroWorldConfig, split: str = "train", root=None) -> tuple[
     return agent_eps, wm_eps
 
 
+def outcome_examples(config: MicroWorldConfig, root=None) -> list:
+    """[(prompt text, reply text, "outcome")]: the outcome stream, train tasks only.
+
+    Every logged train run the world model could be asked about and every
+    program of the execution corpus (`wmrl_jax.execution_corpus`: mutants of
+    the references and the base agent's own samples), each shown in the
+    agent's form and answered with its real outcome. The gate decides
+    malformed code and syntax errors, so those are left out.
+    """
+    import sandbox
+    from sandbox import suite
+    from wmrl_jax import execution_corpus
+
+    tasks = {p.name: sandbox.load_task(p) for p in suite.list_tasks("train", root)}
+    rows = {row["name"]: row for row in suite.manifest(root)["tasks"]}
+    runs = [(e, normalise_solution(e["code"], rows[e["task"]]["targets"])) for e in suite.execution_log("train", root)]
+    runs += [(e, e["code"]) for e in execution_corpus.load(root=root) if e["task"] in tasks]
+    return [(*render(world_model.messages(tasks[entry["task"]], code, config.world_model), world_model_answer(entry)),
+             "outcome")
+            for entry, code in runs if world_model.gate(code) is None and entry["status"] in world_model.STATUSES]
+
+
 def render(messages: Sequence[dict], reply: str) -> tuple[str, str]:
     """(prompt text up to the assistant header, reply text with its end-of-turn) under the ChatML template."""
     prompt = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages) + "<|im_start|>assistant\n"
@@ -328,11 +359,13 @@ def _pad_rows(rows: Sequence, width: int, pad_id: int):
     return tokens, valid, reply
 
 
-def make_train_step(model_config, optimizer, prompt_loss_weight: float):
-    """A jitted step on an episode batch and a rule batch.
+def make_train_step(model_config, optimizer, prompt_loss_weight: float, outcome_loss_weight: float = 1.0):
+    """A jitted step on an episode batch, a rule batch and (optionally) an outcome batch.
 
     Loss: the episodes' mean reply-token NLL + `prompt_loss_weight` x their
-    mean prompt-token NLL + the rule examples' mean reply-token NLL.
+    mean prompt-token NLL + the rule examples' mean reply-token NLL (+
+    `outcome_loss_weight` x the mean over outcome episodes of each one's mean
+    answer-token NLL; their prompts carry no loss).
     """
     import jax
     import jax.numpy as jnp
@@ -355,9 +388,21 @@ def make_train_step(model_config, optimizer, prompt_loss_weight: float):
         rule_nll, _ = nll(params, *rules)
         return reply_nll + prompt_loss_weight * prompt_nll + rule_nll, (reply_nll, prompt_nll, rule_nll)
 
+    def loss_with_outcomes(params, episodes, rules, outcomes):
+        loss, nlls = loss_fn(params, episodes, rules)
+        logp, _ = token_logprobs(params, model_config, qwen35, *outcomes[:2])
+        valid, reply = outcomes[1:]
+        answer = valid & jnp.pad(valid[:, :-1], ((0, 0), (1, 0))) & reply
+        per_episode = -jnp.sum(jnp.where(answer, logp, 0.0), axis=1) / jnp.maximum(answer.sum(axis=1), 1)
+        outcome_nll = jnp.mean(per_episode)
+        return loss + outcome_loss_weight * outcome_nll, (*nlls, outcome_nll)
+
     @jax.jit
-    def step(params, opt_state, episodes, rules):
-        (_, nlls), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, episodes, rules)
+    def step(params, opt_state, episodes, rules, outcomes=None):
+        if outcomes is None:
+            (_, nlls), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, episodes, rules)
+        else:
+            (_, nlls), grads = jax.value_and_grad(loss_with_outcomes, has_aux=True)(params, episodes, rules, outcomes)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, nlls
 
@@ -415,8 +460,16 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
     rule_width = -(-max(len(ids) for ids, _ in rules) // 32) * 32
     rule_batches = (_pad_rows(rules[i * config.rule_batch_size:(i + 1) * config.rule_batch_size], rule_width, pad_id)
                     for i in range(total))
-    step = make_train_step(model_config, optimizer, config.prompt_loss_weight)
+    step = make_train_step(model_config, optimizer, config.prompt_loss_weight, config.outcome_loss_weight)
     losses = {"reply_nll": [], "prompt_nll": [], "rule_nll": []}
+    outcome_batches = itertools.repeat(None)
+    outcome_width = 0
+    if config.outcome_batch_size:
+        outcomes = encode_examples(tokenizer, outcome_examples(config, root=root))
+        outcome_width = -(-max(len(ids) for ids, _ in outcomes) // 32) * 32
+        outcome_batches = batches(outcomes, batch_size=config.outcome_batch_size, steps=total, width=outcome_width,
+                                  pad_id=pad_id, seed=config.seed + 2)
+        losses["outcome_nll"] = []
     # Resumable: every `save_every` steps the training state goes to <out>.partial/ (atomically); a rerun of
     # the same build (same config and corpus) continues from there on the same batch sequence.
     partial = out_dir.with_name(out_dir.name + ".partial")
@@ -427,12 +480,12 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
         params, opt_state, losses, done = resumed
         params, opt_state = jax.device_put((params, opt_state))
     bar = tqdm(zip(batches(encoded, batch_size=config.batch_size, steps=total, width=width, pad_id=pad_id,
-                           seed=config.seed), rule_batches), total=total, desc="micro-world", disable=not progress,
-               initial=done)
-    for i, (episode_batch, rule_batch) in enumerate(bar):
+                           seed=config.seed), rule_batches, outcome_batches), total=total, desc="micro-world",
+               disable=not progress, initial=done)
+    for i, (episode_batch, rule_batch, outcome_batch) in enumerate(bar):
         if i < done:   # the batch sequence is deterministic: skip what the resumed state already trained on
             continue
-        params, opt_state, nlls = step(params, opt_state, episode_batch, rule_batch)
+        params, opt_state, nlls = step(params, opt_state, episode_batch, rule_batch, outcome_batch)
         for key, value in zip(losses, nlls):
             losses[key].append(float(value))
         bar.set_postfix({key: f"{values[-1]:.3f}" for key, values in losses.items()})
@@ -451,14 +504,20 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
     save_hf(model, staging, tokenizer=tokenizer)
     counts = {kind: sum(k == kind for *_, k in examples) for kind in ("agent", "world_model")}
     counts["rule"] = len(rules)
+    if config.outcome_batch_size:
+        counts["outcome"] = len(outcomes)
     log = {
         "seed": config.seed, "steps": total, "planned_steps": planned, "batch_size": config.batch_size, "width": width,
         "tokenizer_vocab": len(tokenizer), "vocab_size": padded, "rule_batch_size": config.rule_batch_size, "rule_width": rule_width, "examples": counts,
-        "tokens_per_step": int(config.batch_size * width + config.rule_batch_size * rule_width),
+        "tokens_per_step": int(config.batch_size * width + config.rule_batch_size * rule_width
+                               + config.outcome_batch_size * outcome_width),
+        **({"outcome_batch_size": config.outcome_batch_size, "outcome_width": outcome_width}
+           if config.outcome_batch_size else {}),
         "parameters": int(sum(x.size for x in jax.tree.leaves(params))),
         **losses,
         "seconds": round(time.perf_counter() - start, 1), "train_seconds": round(train_s, 1),
         "cpu": _cpu_name(), "jax": jax.__version__, "config": repr(config),
+        PROMPT_FORMAT: prompt_format(config),
     }
     (staging / BUILD_LOG).write_text(json.dumps(log, indent=1) + "\n")
     if out_dir.exists():
@@ -471,6 +530,34 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
         os.replace(staging, out_dir)
     shutil.rmtree(partial, ignore_errors=True)
     return log
+
+
+PROMPT_FORMAT = "world_model_prompt"
+# The world-model prompt settings a checkpoint was trained on: asked in another form, it answers worse.
+_PROMPT_FIELDS = ("overview_chars", "inventory_chars", "code_chars", "listing", "inventory")
+
+
+def prompt_format(config: MicroWorldConfig) -> dict:
+    """The world-model prompt fields of `config` that a build records in its log (`config_of` reads them)."""
+    return {name: getattr(config.world_model, name) for name in _PROMPT_FIELDS}
+
+
+def config_of(path=None) -> MicroWorldConfig:
+    """The `MicroWorldConfig` whose world-model prompt format the checkpoint at `path` was built with.
+
+    Read from its build log (`PROMPT_FORMAT`); a checkpoint whose log does
+    not record it (the first micro-world) was built with the defaults. Not a
+    micro-world folder (no build log): the defaults.
+    """
+    log_path = pathlib.Path(path or shipped_path()) / BUILD_LOG
+    config = MicroWorldConfig()
+    if not log_path.is_file():
+        return config
+    recorded = json.loads(log_path.read_text()).get(PROMPT_FORMAT) or {}
+    unknown = sorted(set(recorded) - set(_PROMPT_FIELDS))
+    if unknown:
+        raise ValueError(f"{log_path}: unknown world-model prompt fields {unknown}; expected some of {_PROMPT_FIELDS}")
+    return dataclasses.replace(config, world_model=dataclasses.replace(config.world_model, **recorded))
 
 
 def _save_state(folder: pathlib.Path, fingerprint: str, params, opt_state, losses: dict, step: int) -> None:

@@ -153,6 +153,28 @@ def predict_labels_not_probabilities(code, facts, rng):
     return None
 
 
+_ONE_COLUMN = "submission = pd.DataFrame({TARGETS[0]: predict(X_test)})"
+_CLASS_COLUMNS = "submission = pd.DataFrame(predict(X_test), columns=[str(c) for c in model.classes_])"
+
+
+def probability_shape(code, facts, rng):
+    """Confuses one probability column with one per class: `predict_proba`'s 2-D array into a 1-D column.
+
+    On a label or probability metric the model line keeps `predict_proba` whole
+    (the submission has one column); on a per-class metric the submission is
+    written as one column. Either way a 2-D array meets a 1-D column (a
+    ValueError, as the agent's own held-out samples failed).
+    """
+    if facts.metric_kind == "proba":
+        return _replace(code, "predict = lambda X: model.predict_proba(X)[:, list(model.classes_).index(1)]",
+                        "predict = model.predict_proba")
+    if facts.metric_kind == "label":
+        return _replace(code, "predict = model.predict\n", "predict = model.predict_proba\n")
+    if facts.metric_kind == "classes":
+        return _replace(code, _CLASS_COLUMNS, _ONE_COLUMN)
+    return None
+
+
 def submission_path_wrong(code, facts, rng):
     """Writes the submission somewhere other than SUBMISSION_PATH, or not at all."""
     if rng.integers(2):
@@ -269,6 +291,7 @@ MUTATIONS: dict[str, Callable] = {
     "skip_imputation": skip_imputation,
     "other_estimator": other_estimator,
     "too_slow": too_slow,
+    "probability_shape": probability_shape,
 }
 
 
