@@ -46,7 +46,16 @@ def get_base_config() -> ml_collections.ConfigDict:
     c.steps = 3200                # paper: 3200 GRPO steps
 
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # -1: the rest of the devices
-    c.rollout = ml_collections.ConfigDict(dict(groups_per_step=8, group_size=8))  # paper: 8 tasks x 8 rollouts
+    c.rollout = ml_collections.ConfigDict(dict(
+        groups_per_step=8,        # paper: 8 tasks x 8 rollouts
+        group_size=8,
+        # Where generation (agent and world model) reads its weights (wmrl_jax/train/rollout.py): "rollout" = a
+        # bf16 copy resharded from the masters once a step, whole inside groups of `tensor` devices
+        # (tensor-parallel within a group, 1 = replicated) with the batch's rows over the groups; the frozen
+        # copy lives there. "train" = the training mesh (every layer's weights all-gathered for every token).
+        layout="rollout",
+        tensor=1,                 # launch/plan.py chooses it for a config (the paper configs set its choice)
+    ))
     c.agent = ml_collections.ConfigDict(agent_fields(AgentConfig()))
     c.world_model = ml_collections.ConfigDict(world_model_fields(WorldModelConfig()))
 
