@@ -36,6 +36,7 @@ def get_base_config() -> ml_collections.ConfigDict:
     c.model_path = ""             # HF checkpoint folder; '' = the shipped micro-world
     c.model_preset = "micro"      # 'micro' | 'qwen3.5-4b' | 'qwen3.5-9b' (the parameter-count check)
     c.dtype = "bfloat16"
+    c.attention = "auto"          # 'auto' (cuDNN flash attention on a GPU where it applies, else blocked) | 'blocked' | 'cudnn' | 'xla'
     c.data_dir = ""               # task root; '' = the embedded suite
     c.benchmark = "embedded"      # 'embedded' | 'mle_dojo' | 'dsbench'
     c.train_split = "train"
@@ -121,4 +122,5 @@ def get_paper_config(preset: str, benchmark: str) -> ml_collections.ConfigDict:
     fsdp, tensor = {"4B": (4, 2), "9B": (2, 4)}[size]
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = -1, fsdp, tensor
     c.optim.micro_batches = 64 // fsdp   # 4B: 16, 9B: 32
+    c.rollout.tensor = 4                 # launch/plan.py's choice for both sizes on 8 devices (docs/scaling.md)
     return c

@@ -54,7 +54,7 @@ from tqdm.auto import tqdm
 
 from wmrl_jax import agent, chat, corrections, micro_world
 from wmrl_jax.evaluate import evaluate
-from wmrl_jax.models import make_mesh, save_hf
+from wmrl_jax.models import attention, make_mesh, save_hf
 from wmrl_jax.train import multihost, rollout, update
 from wmrl_jax.train.checkpoint import Checkpointer
 from wmrl_jax.train.config import agent_config, resolve_mesh, validate, world_model_config
@@ -162,6 +162,7 @@ def start_run(config) -> Run:
     """Loads the tasks and the model, builds the train and correction state, resumes from the newest checkpoint."""
     primary, multi_process = multihost.is_primary(), jax.process_count() > 1
     arm = MODES[config.rewards.mode]
+    attention.set_implementation(config.get("attention", "auto"))   # for every program traced from here on
     train_tasks = load_tasks(config, config.train_split)
     eval_tasks = load_tasks(config, config.eval_split) if config.eval_split else []
     workdir = pathlib.Path(config.workdir)
