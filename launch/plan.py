@@ -142,7 +142,7 @@ def print_flops(p, config, model_config) -> dict:
               f" x {p.devices} devices = {_flops(None if prog.xla_flops is None else prog.xla_flops * p.devices)}")
     print(f"  update, analytic model FLOPs (policy 6N + reference 2N per token + attention): {_flops(a['train'])}"
           f"  [6N x tokens alone: {_flops(a['6N'])}, N = {a['n_matmul']:,} matmul weights]")
-    print(f"  agent sampling, analytic (every turn at its caps): prefill {_flops(a['agent prefill'])}, decode "
+    print(f"  agent sampling, analytic, without multi-turn cache reuse (every turn re-prefilled, at its caps): prefill {_flops(a['agent prefill'])}, decode "
           f"{_flops(a['agent decode'])}; world model {_flops(a['world model'])}")
     return a
 
