@@ -23,7 +23,7 @@ SMALL = ["--config=configs/tiny_cpu.py", "--prompt_tokens=96", "--wm_prompt_toke
          "--config.world_model.max_new_tokens=32"]
 
 
-def _plan(tmp_path, name, *args, devices=8, timeout=240):
+def _plan(tmp_path, name, *args, devices=8, timeout=480):
     out = tmp_path / f"{name}.json"
     proc = subprocess.run([sys.executable, "launch/plan.py", f"--devices={devices}", f"--json={out}", *SMALL, *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout,
@@ -87,7 +87,8 @@ def test_argument_bytes_are_the_hand_count_over_the_shards(sharded):
     assert "FITS" in text and out["fits"]
     # The reshard into the rollout layout is compiled and measured: its output is the policy copy in that layout.
     reshard = plan["programs"]["reshard"]
-    assert reshard["outputs"] == plan["resident"]["policy copy, model dtype (sampling only)"]
+    copy = plan["resident"]["policy copy, model dtype (sampling only)"]
+    assert copy <= reshard["outputs"] <= 1.01 * copy          # XLA pads small buffers a little
     assert plan["phases"]["reshard"] >= reshard["outputs"]
     for name in ("sample", "wm"):      # generation on the rollout layout: no weight all-gather in the decode loop
         assert plan["programs"][name]["decode_gathers"]["weight_all_gathers"] == 0
