@@ -36,6 +36,7 @@ def get_base_config() -> ml_collections.ConfigDict:
     c.model_path = ""             # HF checkpoint folder; '' = the shipped micro-world
     c.model_preset = "micro"      # 'micro' | 'qwen3.5-4b' | 'qwen3.5-9b' (the parameter-count check)
     c.dtype = "bfloat16"
+    c.attention = "auto"          # 'auto' (cuDNN flash attention on a GPU where it applies, else blocked) | 'blocked' | 'cudnn' | 'xla'
     c.data_dir = ""               # task root; '' = the embedded suite
     c.benchmark = "embedded"      # 'embedded' | 'mle_dojo' | 'dsbench'
     c.train_split = "train"
@@ -46,7 +47,16 @@ def get_base_config() -> ml_collections.ConfigDict:
     c.steps = 3200                # paper: 3200 GRPO steps
 
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # -1: the rest of the devices
-    c.rollout = ml_collections.ConfigDict(dict(groups_per_step=8, group_size=8))  # paper: 8 tasks x 8 rollouts
+    c.rollout = ml_collections.ConfigDict(dict(
+        groups_per_step=8,        # paper: 8 tasks x 8 rollouts
+        group_size=8,
+        # Where generation (agent and world model) reads its weights (wmrl_jax/train/rollout.py): "rollout" = a
+        # bf16 copy resharded from the masters once a step, whole inside groups of `tensor` devices
+        # (tensor-parallel within a group, 1 = replicated) with the batch's rows over the groups; the frozen
+        # copy lives there. "train" = the training mesh (every layer's weights all-gathered for every token).
+        layout="rollout",
+        tensor=1,                 # launch/plan.py chooses it for a config (the paper configs set its choice)
+    ))
     c.agent = ml_collections.ConfigDict(agent_fields(AgentConfig()))
     c.world_model = ml_collections.ConfigDict(world_model_fields(WorldModelConfig()))
 
@@ -112,4 +122,5 @@ def get_paper_config(preset: str, benchmark: str) -> ml_collections.ConfigDict:
     fsdp, tensor = {"4B": (4, 2), "9B": (2, 4)}[size]
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = -1, fsdp, tensor
     c.optim.micro_batches = 64 // fsdp   # 4B: 16, 9B: 32
+    c.rollout.tensor = 4                 # launch/plan.py's choice for both sizes on 8 devices (docs/scaling.md)
     return c

@@ -26,6 +26,7 @@ stage() { local limit=$1; shift; echo; echo "=== $* (limit ${limit}s)"; local t0
 # (on Hopper its default for f32 is TF32). 4 workers share the GPU, no preallocation.
 JAX_DEFAULT_MATMUL_PRECISION=highest stage "${TEST_LIMIT:-210}" python3 -m pytest -q -n 4 -p no:cacheprovider \
   tests/test_qwen3.py tests/test_qwen35.py tests/test_gated_deltanet.py tests/test_blocked_attention.py \
+  tests/test_attention.py \
   tests/test_sampling.py tests/test_logprobs.py tests/test_losses.py tests/test_train_update.py \
   --durations=8 -o addopts="" --timeout=200
 

@@ -66,10 +66,22 @@ _PROMPT = flags.DEFINE_integer("prompt_tokens", None, "The agent's first prompt 
 _WM_PROMPT = flags.DEFINE_integer("wm_prompt_tokens", None, "The world model's prompt in tokens (default: "
                                                             "estimated likewise).")
 _CPT = flags.DEFINE_float("chars_per_token", 3.0, "Characters a token for the prompt estimates.")
-_PROGRAMS = flags.DEFINE_list("programs", ["train", "sample", "wm"], "Programs to compile: train, sample, wm.")
+_PROGRAMS = flags.DEFINE_list("programs", ["train", "reshard", "sample", "wm"], "Programs to compile: train, "
+                              "reshard, sample, wm.")
 _KNOBS = flags.DEFINE_boolean("try_knobs", True, "When it does not fit, re-plan with each knob until one fits.")
 _MAX_TRIES = flags.DEFINE_integer("max_tries", 3, "Knobs to try at most (each compiles again).")
-_JSON = flags.DEFINE_string("json", None, "Also write every figure to this JSON file.")
+_JSON = flags.DEFINE_string("json", None, "Also write every figure to this JSON file (hours_total, hours_ideal, "
+                                          "fits, paper_hours, the bill by phase, ...).")
+_LATENCY = flags.DEFINE_float("collective_us", 10.0, "Latency of one small collective, microseconds (a decode "
+                                                     "step's all-reduces).")
+_CHOOSE = flags.DEFINE_boolean("choose_rollout", True, "Plan with the rollout group size (rollout.tensor) whose "
+                                                       "bill is lowest, instead of the config's.")
+
+
+# What the memory figures assume of attention (the planner compiles for CPU devices: wmrl_jax.models.attention).
+ATTENTION_NOTE = ("the hand-written blocked attention (wmrl_jax.models.blocked_attention; the planner compiles for CPU, "
+                  "where the cuDNN kernel does not exist; on a GPU the prefill and the update use cuDNN's flash "
+                  "attention where it applies, whose memory is of the same order: O(T) a row)")
 
 
 def _gib(x: float) -> str:
@@ -102,6 +114,16 @@ def print_plan(p, hbm_bytes: float) -> None:
         print(f"  {name:10s}{_gib(prog.arguments):>10s}{_gib(prog.outputs):>9s}{_gib(prog.aliased):>9s}"
               f"{_gib(prog.temporaries):>9s}{_gib(cache) if cache is not None else '':>10s}"
               f"{_gib(p.phases[name]):>12s}{prog.compile_s:>11.0f}")
+    r = p.rollout
+    if "mesh" in r:
+        print(f"  generation (agent and world model) runs on {'the rollout layout' if r['layout'] == 'rollout' else 'the training mesh'}: "
+              f"mesh {r['mesh']}")
+    for name, prog in p.programs.items():
+        if prog.decode_gathers is not None:
+            g = prog.decode_gathers
+            print(f"  {name}: all-gathers inside the compiled decode loop: {g['all_gathers']}, of which weights "
+                  f"{g['weight_all_gathers']} ({g['weight_gather_bytes'] / 2**20:,.1f} MiB a token)")
+    print(f"  memory figures assume attention by {ATTENTION_NOTE}")
     verdict = "FITS" if p.fits(hbm_bytes) else "DOES NOT FIT"
     worst = max(p.phases, key=p.phases.get)
     print(f"  peak {p.peak / GIB:.2f} GiB/device ({worst}) vs {hbm_bytes / GIB:.2f} GiB usable: {verdict}")
@@ -120,34 +142,102 @@ def print_flops(p, config, model_config) -> dict:
               f" x {p.devices} devices = {_flops(None if prog.xla_flops is None else prog.xla_flops * p.devices)}")
     print(f"  update, analytic model FLOPs (policy 6N + reference 2N per token + attention): {_flops(a['train'])}"
           f"  [6N x tokens alone: {_flops(a['6N'])}, N = {a['n_matmul']:,} matmul weights]")
-    print(f"  agent sampling, analytic (every turn at its caps): prefill {_flops(a['agent prefill'])}, decode "
+    print(f"  agent sampling, analytic, without multi-turn cache reuse (every turn re-prefilled, at its caps): prefill {_flops(a['agent prefill'])}, decode "
           f"{_flops(a['agent decode'])}; world model {_flops(a['world model'])}")
     return a
 
 
-def print_hours(p, config, a: dict) -> dict:
-    from wmrl_jax.train.plan import PAPER_GPU_HOURS, decode_floor_s, gpu_hours
+def bill_inputs(p, config):
+    """(model costs, step workload, layout, hardware) of plan `p` for `train.bill`."""
+    from wmrl_jax.train import bill as billlib
+    from wmrl_jax.train.plan import model_of
 
-    steps, mfu, peak = config.steps, _MFU.value, _PEAK.value
-    parts = {k: gpu_hours(a[k], steps, mfu, peak) for k in ("train", "agent prefill", "agent decode", "world model")}
-    total = sum(parts.values())
-    print(f"accelerator-hours of {steps} steps at MFU {mfu} of {peak:.0f} TFLOP/s (FLOPs / (peak x MFU)):")
-    print("  " + ", ".join(f"{k} {v:,.0f}" for k, v in parts.items()) + f"; total {total:,.0f}")
+    _, model_config, _ = model_of(config)
+    m = billlib.ModelCosts.of(model_config, p.n_params)
+    w = billlib.workload_of(config, p.shapes, p.mesh["data"] * p.mesh["fsdp"])
+    lay = billlib.Layout(devices=p.devices, data=p.mesh["data"], fsdp=p.mesh["fsdp"], tensor=p.mesh["tensor"],
+                         rollout=p.rollout.get("layout") == "rollout" and p.devices > 1,
+                         rollout_tensor=p.rollout.get("tensor", 1))
+    hw = billlib.Hardware(peak_tflops=_PEAK.value, mfu=_MFU.value, hbm_tbps=_HBM_BW.value, link_gbps=_LINK.value,
+                          collective_us=_LATENCY.value)
+    return m, w, lay, hw
+
+
+def print_bill(p, config) -> dict:
+    """The bill of `config.steps` steps on plan `p`'s layout, the ideal bill, the paper's budget; every assumption."""
+    import dataclasses
+
+    from wmrl_jax.train import bill as billlib
+    from wmrl_jax.train.plan import PAPER_GPU_HOURS
+
+    m, w, lay, hw = bill_inputs(p, config)
+    steps = config.steps
+    b = billlib.bill(m, w, lay, hw, steps)
+    train_layout = billlib.bill(m, w, dataclasses.replace(lay, rollout=False), hw, steps)
+    where = (f"rollout layout: {lay.gen_groups} groups of {lay.gen_tensor} (rollout.tensor={lay.rollout_tensor})"
+             if lay.rollout else "generation on the training mesh (rollout.layout=train)")
+    print(f"\nthe bill: accelerator-hours of {steps} steps, each phase max(FLOPs / (peak x MFU), bandwidth floor); "
+          f"{where}")
+    print("  assumptions: " + ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(hw).items())
+          + f"; {p.devices} devices; tokens at the caps: {w.batch} sequences of a {w.prompt}-token prompt + "
+            f"{w.turns} turns x {w.reply} generated + {w.turns - 1} x {w.observation} observation (+ template); "
+            f"every row runs to its cap; multi-turn cache reuse (each prompt / observation token prefilled once); "
+            f"the world model's {w.wm_samples} sample(s) share one prefill of its {w.wm_prompt}-token prompt, "
+            f"{w.wm_calls} calls of {w.wm_rows} rows x {w.wm_new} tokens; N = {m.n_matmul:,} matmul weights; "
+            f"bf16 weights and KV cache, f32 delta-rule state; the update is priced at its padded width "
+            f"{w.train_width}")
+    print(f"  {'phase':15s}{'hours':>9s}{'compute h':>11s}{'floor h':>10s}  bound      {'train layout h':>15s}")
+    for k, v in b["phases"].items():
+        print(f"  {k:15s}{v['hours']:9,.0f}{v['compute_hours']:11,.0f}{v['floor_hours']:10,.1f}  "
+              f"{v['bound']:9s}  {train_layout['phases'][k]['hours']:15,.0f}")
+    print(f"  {'total':15s}{b['hours_total']:9,.0f}{'':33s}{train_layout['hours_total']:15,.0f}")
+    print(f"  ideal (same tokens once, 6N + 2N a trained token, 2N a sampled one, causal attention once, at the MFU, "
+          f"no floors): {b['hours_ideal']:,.0f} (matmuls alone {b['hours_ideal_matmuls_only']:,.0f}); "
+          f"ours / ideal = {b['ratio']:.2f}")
     paper = PAPER_GPU_HOURS.get(config.model_preset)
+    budget = None
     if paper:
-        print(f"  the paper ({config.model_preset}, A100s, whole run): WMRL {paper['wmrl']} GPU-hours, GRPO with "
-              f"every rollout executed {paper['real']}; ours / paper's WMRL = {total / paper['wmrl']:.2f}")
-    floor = None
-    if "agent" in p.kv_cache:
-        from wmrl_jax.train.plan import model_of
+        budget = billlib.paper_budget(m, w, lay, hw, steps, paper["wmrl"])
+        print(f"  the paper ({config.model_preset}, A100s): WMRL {paper['wmrl']} GPU-hours. The ideal bill reaches "
+              f"that at {budget['scale']:.3f} x the caps' tokens ({budget['tokens_per_step']:,} trained tokens a step, "
+              f"replies of {budget['reply_tokens']} tokens); our bill there: {budget['hours_total']:,.0f} "
+              f"(ideal {budget['hours_ideal']:,.0f}, ratio {budget['ratio']:.2f}): "
+              + ", ".join(f"{k} {v:,.0f}" for k, v in budget["phases"].items()))
+    return {"bill": b, "train_layout_bill": train_layout, "paper_hours": paper["wmrl"] if paper else None,
+            "paper_budget": budget, "assumptions": dataclasses.asdict(hw)}
 
-        _, model_config, _ = model_of(config)
-        floor = decode_floor_s(model_config, p.n_params, p.shapes, p, _HBM_BW.value, _LINK.value)
-        hours = floor["floor_s"] * p.devices * steps / 3600
-        print(f"  agent decode is bandwidth-bound: at least {floor['floor_s']:,.0f} s a step on this mesh (HBM "
-              f"{floor['hbm_s']:,.0f} s, fsdp all-gathers {floor['link_s']:,.0f} s at {_LINK.value:.0f} GB/s), i.e. "
-              f">= {hours:,.0f} accelerator-hours over {steps} steps at the caps, whatever the MFU")
-    return {"parts": parts, "total": total, "paper": paper, "decode_floor": floor}
+
+def choose_rollout(config, devices: int):
+    """Sets `config.rollout.tensor` to the group size with the cheapest bill (analytic; before compiling)."""
+    import math
+
+    import jax
+    import jax.numpy as jnp
+
+    from wmrl_jax.train import bill as billlib
+    from wmrl_jax.train import plan as planlib
+    from wmrl_jax.train.config import resolve_mesh
+
+    if config.rollout.get("layout", "rollout") != "rollout" or devices == 1:
+        return None
+    family, model_config, _ = planlib.model_of(config)
+    shapes = jax.eval_shape(lambda: family.init_params(model_config, jax.random.key(0), jnp.dtype(config.dtype)))
+    n = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
+    data, fsdp, tensor = resolve_mesh(config.mesh, devices)
+    est = planlib.estimated_prompt_tokens(config, _CPT.value)
+    s = planlib.shapes_of(config, _PROMPT.value or est[0], _WM_PROMPT.value or est[1], data * fsdp)
+    m, w = billlib.ModelCosts.of(model_config, n), billlib.workload_of(config, s, data * fsdp)
+    hw = billlib.Hardware(peak_tflops=_PEAK.value, mfu=_MFU.value, hbm_tbps=_HBM_BW.value, link_gbps=_LINK.value,
+                          collective_us=_LATENCY.value)
+    ranked = billlib.choose_rollout_tensor(m, w, billlib.Layout(devices, data, fsdp, tensor, True, 1), hw,
+                                           config.steps)
+    print("rollout layout, group size g -> bill (hours): " + ", ".join(f"g={g}: {h:,.0f}" for g, h in ranked))
+    best = ranked[0][0]
+    if best != config.rollout.tensor:
+        print(f"  the planner chooses g={best} (config has rollout.tensor={config.rollout.tensor}; set "
+              f"--config.rollout.tensor={best})")
+    config.rollout.tensor = best
+    return ranked
 
 
 def try_knobs(config, first, hbm: float, kw: dict):
@@ -207,28 +297,31 @@ def main(argv):
     start = time.perf_counter()
     kw = dict(prompt_tokens=_PROMPT.value, wm_prompt_tokens=_WM_PROMPT.value, chars_per_token=_CPT.value,
               programs=tuple(_PROGRAMS.value))
+    ranked = choose_rollout(config, _DEVICES.value) if _CHOOSE.value else None
     first = planlib.plan(config, _DEVICES.value, **kw)
     print_plan(first, hbm)
     _, model_config, source = planlib.model_of(config)
     a = print_flops(first, config, model_config)
-    hours = print_hours(first, config, a)
+    hours = print_bill(first, config)
     tries = []
     final = first
     if not first.fits(hbm) and _KNOBS.value:
         final, tries = try_knobs(config, first, hbm, kw)
-    final_floor = None
-    if final is not first and "agent" in final.kv_cache:
-        final_floor = planlib.decode_floor_s(model_config, final.n_params, final.shapes, final, _HBM_BW.value,
-                                             _LINK.value)
-        print(f"  on the final mesh the agent's decode is at least {final_floor['floor_s']:,.0f} s a step (HBM "
-              f"{final_floor['hbm_s']:,.0f} s, fsdp all-gathers {final_floor['link_s']:,.0f} s), i.e. >= "
-              f"{final_floor['floor_s'] * final.devices * config.steps / 3600:,.0f} accelerator-hours over "
-              f"{config.steps} steps at the caps")
+    final_hours = hours
+    if final is not first:
+        print("\nthe bill on the final plan's mesh:")
+        final_hours = print_bill(final, config)
     print(f"\nplanned in {time.perf_counter() - start:.0f} s (model from {source})")
     if _JSON.value:
+        b = final_hours["bill"]
         out = {"config": config.to_dict(), "hbm_usable_bytes": hbm, "plan": first.as_dict(), "fits": first.fits(hbm),
-               "flops": a, "hours": hours, "tries": tries, "final_fits": final.fits(hbm), "final_decode_floor": final_floor,
-               "mfu": _MFU.value, "peak_tflops": _PEAK.value}
+               "flops": a, "hours": hours, "tries": tries, "final_fits": final.fits(hbm),
+               "hours_total": b["hours_total"], "hours_ideal": b["hours_ideal"], "ratio": b["ratio"],
+               "hours_by_phase": {k: v["hours"] for k, v in b["phases"].items()},
+               "bill": b, "train_layout_bill": final_hours["train_layout_bill"],
+               "paper_hours": final_hours["paper_hours"], "paper_budget": final_hours["paper_budget"],
+               "assumptions": final_hours["assumptions"], "rollout_choice": ranked,
+               "attention_kernel": ATTENTION_NOTE, "mfu": _MFU.value, "peak_tflops": _PEAK.value}
         with open(_JSON.value, "w") as f:
             json.dump(out, f, indent=1, default=str)
 

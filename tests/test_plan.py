@@ -23,7 +23,7 @@ SMALL = ["--config=configs/tiny_cpu.py", "--prompt_tokens=96", "--wm_prompt_toke
          "--config.world_model.max_new_tokens=32"]
 
 
-def _plan(tmp_path, name, *args, devices=8, timeout=240):
+def _plan(tmp_path, name, *args, devices=8, timeout=480):
     out = tmp_path / f"{name}.json"
     proc = subprocess.run([sys.executable, "launch/plan.py", f"--devices={devices}", f"--json={out}", *SMALL, *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout,
@@ -65,13 +65,18 @@ def test_argument_bytes_are_the_hand_count_over_the_shards(sharded):
     shards = 4 * 2
     # float32 model (tiny_cpu): masters 4 B, Adam mu + nu 8 B, the frozen copy 4 B per parameter.
     hand = {"params (masters)": 4 * n, "optimizer state": 8 * n, "frozen reference = world model": 4 * n}
+    # The frozen copy lives in the rollout layout (train.rollout): whole inside each group of rollout.tensor devices.
+    rollout = plan["rollout"]
+    assert rollout["layout"] == "rollout" and rollout["mesh"]["fsdp"] == 1
+    group = rollout["mesh"]["tensor"]
+    divisor = {"params (masters)": shards, "optimizer state": shards, "frozen reference = world model": group}
     for name, total in hand.items():
         per_device = plan["resident"][name]
         # Sharded weights divide exactly; the replicated ones (norms, biases: < 2 % here) add to every device.
-        assert total / shards <= per_device <= 1.06 * total / shards, (name, per_device, total / shards)
+        assert total / divisor[name] <= per_device <= 1.06 * total / divisor[name], (name, per_device, total)
     # XLA's own argument size = state + frozen copy + the batch's shard ([16, 256] rows over data x fsdp = 4).
     batch = out["plan"]["shapes"]["batch"] * out["plan"]["shapes"]["train_width"] * (4 + 1 + 1) + 2 * 16 * 4
-    expect = sum(hand.values()) / shards + batch / 4
+    expect = sum(total / divisor[name] for name, total in hand.items()) + batch / 4
     xla = plan["programs"]["train"]["arguments"]
     assert expect <= xla <= 1.06 * expect, (xla, expect)
     # The samplers' arguments are a parameter copy (+ a few row arrays); their KV caches sit in their temporaries.
@@ -80,6 +85,17 @@ def test_argument_bytes_are_the_hand_count_over_the_shards(sharded):
         assert prog["arguments"] >= 4 * n / shards
         assert prog["temporaries"] >= plan["kv_cache"]["agent" if name == "sample" else "world model"]
     assert "FITS" in text and out["fits"]
+    # The reshard into the rollout layout is compiled and measured: its output is the policy copy in that layout.
+    reshard = plan["programs"]["reshard"]
+    copy = plan["resident"]["policy copy, model dtype (sampling only)"]
+    assert copy <= reshard["outputs"] <= 1.01 * copy          # XLA pads small buffers a little
+    assert plan["phases"]["reshard"] >= reshard["outputs"]
+    for name in ("sample", "wm"):      # generation on the rollout layout: no weight all-gather in the decode loop
+        assert plan["programs"][name]["decode_gathers"]["weight_all_gathers"] == 0
+    # The bill, for scripts: per phase, the total, the ideal, the paper's hours (None for the micro-world).
+    assert set(out["hours_by_phase"]) == {"update", "reshard", "agent prefill", "agent decode", "world model"}
+    assert out["hours_total"] == sum(out["hours_by_phase"].values()) > out["hours_ideal"] > 0
+    assert out["paper_hours"] is None and "blocked attention" in out["attention_kernel"]
 
 
 def test_flops_are_of_the_order_of_6_n_tokens(sharded):

@@ -45,7 +45,7 @@ import numpy as np
 
 from wmrl_jax.models import gated_deltanet as gdn
 from wmrl_jax.models import layers as L
-from wmrl_jax.models.blocked_attention import blocked_causal_attention
+from wmrl_jax.models.attention import causal_attention
 from wmrl_jax.models.family import Cache, Params, remat_layer
 from wmrl_jax.models.qwen35_config import (  # noqa: F401 - the family contract and the presets, re-exported
     CAUSAL_LM,
@@ -310,7 +310,8 @@ def _full_attention(lp: dict, c: Config, h_btd: jax.Array, ctx: dict, cache: dic
     if q_btnh.shape[1] == 1:  # a decode step: one score row per head, nothing to block
         attn_btnh = L.gqa_attention(q_btnh, keys, values, ctx["mask"], scale, kv_layout="bksh")
     else:
-        attn_btnh = blocked_causal_attention(q_btnh, keys, values, key_valid, scale, q_offset=ctx["index"])
+        # cuDNN's flash attention on a GPU where it applies (no cache), else blocked (models.attention).
+        attn_btnh = causal_attention(q_btnh, keys, values, key_valid, scale, q_offset=ctx["index"])
     attn_btnh = attn_btnh * jax.nn.sigmoid(gate_btnh.astype(jnp.float32)).astype(attn_btnh.dtype)
     return L.project("btnh,nhd->btd", attn_btnh, lp["o_proj_nhd"]), new_cache
 

@@ -16,6 +16,8 @@ from sandbox.backends import BACKENDS
 from sandbox.ray_pool import import_ray   # Ray itself is imported only when called (an optional extra)
 from wmrl_jax import micro_world
 from wmrl_jax.agent import AgentConfig
+from wmrl_jax.models.attention import IMPLEMENTATIONS
+from wmrl_jax.train.rollout import rollout_mesh_shape
 from wmrl_jax.train.run import MODES
 from wmrl_jax.world_model import WorldModelConfig
 
@@ -208,6 +210,9 @@ def validate(config, *, device_count: int | None = None) -> None:
     if device_count is None:
         device_count = jax.device_count()
     data, fsdp, _ = resolve_mesh(config.mesh, device_count)
+    rollout_mesh_shape(config.rollout, device_count)   # rollout.layout and rollout.tensor (train.rollout)
+    if config.get("attention", "auto") not in IMPLEMENTATIONS:
+        _fail("attention", config.attention, f"one of {IMPLEMENTATIONS}")
     batch = groups * group_size
     if batch % micro:
         _fail("optim.micro_batches", micro, f"a divisor of the batch of {groups} x {group_size} = {batch} sequences")

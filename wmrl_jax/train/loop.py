@@ -54,8 +54,8 @@ from tqdm.auto import tqdm
 
 from wmrl_jax import agent, chat, corrections, micro_world
 from wmrl_jax.evaluate import evaluate
-from wmrl_jax.models import make_mesh, save_hf
-from wmrl_jax.train import multihost, update
+from wmrl_jax.models import attention, make_mesh, save_hf
+from wmrl_jax.train import multihost, rollout, update
 from wmrl_jax.train.checkpoint import Checkpointer
 from wmrl_jax.train.config import agent_config, resolve_mesh, validate, world_model_config
 from wmrl_jax.train.metrics import SummaryWriter
@@ -111,6 +111,7 @@ class Run:
     ref_params: Any              # the frozen copy (reference policy and world model), never donated
     step_fn: Any
     state: update.TrainState
+    resharder: rollout.Resharder  # masters -> the weights generation reads (rollout layout, model dtype)
     corr: corrections.CorrectionState
     key: Any                     # the base PRNG key data (checkpointed; per-step seeds come from seed_for)
     counters: Counters
@@ -161,6 +162,7 @@ def start_run(config) -> Run:
     """Loads the tasks and the model, builds the train and correction state, resumes from the newest checkpoint."""
     primary, multi_process = multihost.is_primary(), jax.process_count() > 1
     arm = MODES[config.rewards.mode]
+    attention.set_implementation(config.get("attention", "auto"))   # for every program traced from here on
     train_tasks = load_tasks(config, config.train_split)
     eval_tasks = load_tasks(config, config.eval_split) if config.eval_split else []
     workdir = pathlib.Path(config.workdir)
@@ -171,13 +173,20 @@ def start_run(config) -> Run:
     acfg = agent_config(config)
     prompt_tokens = max(len(lm.prompt_ids(agent.initial_messages(t, acfg))) for t in train_tasks)
 
-    # The frozen reference and the world model are the base checkpoint: one parameter copy, never donated.
-    ref_params = lm.model.params
     family, model_config = lm.model.family, lm.model.config
     optimizer = update.make_optimizer(config.optim)
     # float32 master weights: an Adam step at lr 1e-6 is below bf16's resolution and would round away.
-    state = update.init_train_state(jax.tree.map(jnp.copy, ref_params), optimizer, mesh=mesh,
+    state = update.init_train_state(jax.tree.map(jnp.copy, lm.model.params), optimizer, mesh=mesh,
                                     param_axes=family.param_axes(model_config), param_dtype=config.optim.param_dtype)
+    # The frozen reference and the world model are the base checkpoint: one parameter copy, never donated,
+    # placed once in the rollout layout (train.rollout), where the world model generates from it; the update
+    # reads it there too. `lm` from here on generates on the rollout mesh.
+    rollout_mesh = rollout.rollout_mesh(config.rollout, jax.devices()) if mesh is not None else None
+    if rollout_mesh is not None:
+        lm = rollout.generation_model(lm, rollout.place(lm.model.params, rollout_mesh, family, model_config,
+                                                        config.dtype), rollout_mesh)
+    ref_params = lm.model.params
+    resharder = rollout.Resharder(family, model_config, rollout_mesh, config.dtype)
     step_fn = update.make_train_step(family, model_config, optimizer, kl_coef=config.optim.kl_coef,
                                      entropy_coef=config.optim.entropy_coef, clip_eps=config.optim.clip_eps,
                                      micro_batches=config.optim.micro_batches, remat=config.optim.remat, mesh=mesh,
@@ -200,16 +209,30 @@ def start_run(config) -> Run:
     return Run(config=config, arm=arm, workdir=workdir, primary=primary, multi_process=multi_process,
                train_tasks=train_tasks, eval_tasks=eval_tasks, lm=lm, agent_config=acfg,
                wm_config=world_model_config(config), width=batch_width(config, prompt_tokens), ref_params=ref_params,
-               step_fn=step_fn, state=state, corr=corr, key=key, counters=counters,
+               step_fn=step_fn, state=state, resharder=resharder, corr=corr, key=key, counters=counters,
                cursor=TaskCursor(len(train_tasks), config.seed, cursor_pos), first_step=first_step, ckpt=ckpt,
                writer=SummaryWriter(workdir / "tb") if primary else None, pool=make_pool(config),
                eval_before=meta.get("eval_before"), final=meta.get("final", {}))
+
+
+def generation_params(run: Run, params):
+    """The trained `params` as generation reads them: in the rollout layout and the model's dtype.
+
+    Without a rollout mesh (one device, or `rollout.layout` "train") and with
+    masters already in the model's dtype, the masters themselves (no copy).
+    Resharded once a step, before sampling (`train.rollout.Resharder`).
+    """
+    if run.resharder.mesh is None and run.config.dtype == run.config.optim.param_dtype:
+        return params
+    return jax.block_until_ready(run.resharder(params))
 
 
 def evaluate_held_out(run: Run, params=None) -> dict | None:
     """Held-out avg@k of the base policy (`params` None) or of `params`, through the real sandbox; None if off."""
     if not run.eval_attempts:
         return None
+    if params is not None:
+        params = generation_params(run, params)
     return evaluate(run.lm, run.eval_tasks, run.pool, config=run.agent_config, attempts=run.eval_attempts,
                     seed=eval_seed(run.config.seed), params=params).as_dict()
 
@@ -234,8 +257,8 @@ def train_step(run: Run, step: int) -> dict:
                           scoring_seed=step_seed(config.seed, step, SeedStream.WM_SCORING))
 
     t0 = time.perf_counter()
-    policy = run.state.params if config.dtype == config.optim.param_dtype else \
-        jax.tree.map(lambda x: x.astype(config.dtype), run.state.params)   # sample in the model's dtype
+    policy = generation_params(run, run.state.params)
+    t_reshard = time.perf_counter() - t0
     episodes = agent.run_episodes(run.lm, tasks, group_size, config=run.agent_config, feedback=router.feedback,
                                   seed=step_seed(config.seed, step, SeedStream.ROLLOUTS), params=policy)
     # The bf16 sampling copy is not needed past here: freed before the final world-model scoring and
@@ -265,7 +288,7 @@ def train_step(run: Run, step: int) -> dict:
     c.ungraded_real += int(scores.is_anchor.sum() * group_size - scores.real_graded.sum())
     if arm.world_model:
         c.ungraded_wm += len(episodes) - int(scores.wm_graded.sum())
-    times = {"step_s": time.perf_counter() - t_step, "sample_s": t_sample, "update_s": t_update, **scores.times}
+    times = {"step_s": time.perf_counter() - t_step, "reshard_s": t_reshard, "sample_s": t_sample, "update_s": t_update, **scores.times}
     run.final = step_scalars(scores, out, episodes, train_metrics, c, times)
     run.final["wmrl/n_fits"] = int(out.n_fits)
     log_step(run, step + 1, scores, episodes)

@@ -51,6 +51,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import re
 import time
 from typing import Any
 
@@ -64,7 +65,7 @@ from wmrl_jax import agent, micro_world, sampling, world_model
 from wmrl_jax.models import get_family, make_mesh, qwen35
 from wmrl_jax.models.sharding import tree_shardings
 from wmrl_jax.sampling import bucket_size
-from wmrl_jax.train import update
+from wmrl_jax.train import rollout, update
 from wmrl_jax.train.config import agent_config, remat_policy, resolve_mesh, world_model_config
 from wmrl_jax.train.run import batch_width
 
@@ -138,6 +139,77 @@ def matmul_flops(jaxpr) -> FlopCount:
             inner = matmul_flops(sub)
             out.flops += times * inner.flops
             out.while_loops += inner.while_loops
+    return out
+
+
+def _hlo_computations(text: str) -> tuple[dict, str]:
+    """{computation name: its instruction lines} of an HLO module's text, and the ENTRY computation's name."""
+    comps, entry, name = {}, None, None
+    for line in text.splitlines():
+        head = re.match(r"^(ENTRY )?%?([\w.\-]+) \(.*\{\s*$", line)
+        if head:
+            name = head.group(2)
+            comps[name] = []
+            if head.group(1):
+                entry = name
+        elif line.startswith("}"):
+            name = None
+        elif name is not None:
+            comps[name].append(line)
+    return comps, entry
+
+
+def _called(line: str) -> list[str]:
+    names = re.findall(r"(?:body|condition|to_apply|calls)=%?([\w.\-]+)", line)
+    for group in re.findall(r"(?:called_computations|branch_computations)=\{([^}]*)\}", line):
+        names += [n.strip().lstrip("%") for n in group.split(",") if n.strip()]
+    return names
+
+
+def decode_loop_all_gathers(hlo_text: str, weight_shapes) -> dict:
+    """All-gathers inside the decode loop of a compiled sampler's optimised HLO (`compiled.as_text()`).
+
+    The decode loop is the top-level `while` of unknown trip count (the
+    prefill's layer scans have a known one); every computation its body and
+    condition call is searched. An all-gather is counted as a weight gather
+    when its result has the shape of a weight (one layer's slice of a stacked
+    parameter, or a whole one), possibly still split along some dims -- the
+    activations' gathers (e.g. the logits over a vocabulary split by the
+    tensor axis, for top-k) are counted apart. Returns {"loops", "all_gathers",
+    "weight_all_gathers", "weight_gather_bytes"}.
+    """
+    comps, entry = _hlo_computations(hlo_text)
+    shapes = set()
+    for shape in weight_shapes:
+        shapes.add(tuple(shape))
+        if len(shape) > 1:
+            shapes.add(tuple(shape[1:]))
+
+    def weight_like(dims):
+        return any(len(dims) == len(w) and all(d <= x and x % d == 0 for d, x in zip(dims, w)) and
+                   math.prod(dims) * 4 >= math.prod(w) for w in shapes)
+
+    loops = [ln for ln in comps.get(entry, []) if " while(" in ln and "known_trip_count" not in ln]
+    seen, todo = set(), [n for ln in loops for n in _called(ln)]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in comps:
+            continue
+        seen.add(name)
+        for ln in comps[name]:
+            todo += _called(ln)
+    out = {"loops": len(loops), "all_gathers": 0, "weight_all_gathers": 0, "weight_gather_bytes": 0}
+    sizes = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "pred": 1, "u32": 4}
+    for name in seen:
+        for ln in comps[name]:
+            m = re.search(r"= (\w+)\[([\d,]*)\][^ ]* all-gather(?:-start)?\(", ln)
+            if not m:
+                continue
+            out["all_gathers"] += 1
+            dims = tuple(int(d) for d in m.group(2).split(",") if d)
+            if weight_like(dims):
+                out["weight_all_gathers"] += 1
+                out["weight_gather_bytes"] += math.prod(dims) * sizes.get(m.group(1), 4)
     return out
 
 
@@ -247,6 +319,8 @@ class Program:
     while_loops: int
     lower_s: float
     compile_s: float
+    decode_gathers: dict | None = None   # a sampler's `decode_loop_all_gathers`
+
 
     @property
     def peak(self) -> int:
@@ -258,7 +332,7 @@ class Program:
                 f"temp {self.temporaries / GIB:.2f}, compiled in {self.compile_s:.0f} s)")
 
 
-def _compile(name: str, traced) -> Program:
+def _compile(name: str, traced, weight_shapes=None) -> Program:
     t0 = time.perf_counter()
     lowered = traced.lower()
     t1 = time.perf_counter()
@@ -268,7 +342,8 @@ def _compile(name: str, traced) -> Program:
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     count = matmul_flops(traced.jaxpr)
-    return Program(name=name, arguments=int(mem.argument_size_in_bytes), outputs=int(mem.output_size_in_bytes),
+    gathers = None if weight_shapes is None else decode_loop_all_gathers(compiled.as_text(), weight_shapes)
+    return Program(decode_gathers=gathers, name=name, arguments=int(mem.argument_size_in_bytes), outputs=int(mem.output_size_in_bytes),
                    aliased=int(mem.alias_size_in_bytes), temporaries=int(mem.temp_size_in_bytes),
                    xla_flops=None if not cost or "flops" not in cost else float(cost["flops"]),
                    jaxpr_flops=count.flops, while_loops=count.while_loops, lower_s=t1 - t0, compile_s=t2 - t1)
@@ -335,7 +410,10 @@ def compile_sampler(name, config, family, model_config, mesh, params, rows: int,
     """(Program, KV-cache bytes per device) of `sampling.sample` as `generate` jits it, on GPU/TPU settings.
 
     `decode_layout=False`: the accelerator path (the CPU-only decode layout
-    would hold a second copy of the weights, `sampling.sample`).
+    would hold a second copy of the weights, `sampling.sample`). `mesh` is
+    the mesh generation runs on (the rollout layout's, or the training one),
+    `params` laid out on it. The Program's `decode_gathers` counts the
+    all-gathers inside the compiled decode loop.
     """
     tokens = jax.ShapeDtypeStruct((rows, prompt), jnp.int32)
     valid = jax.ShapeDtypeStruct((rows, prompt), bool)
@@ -355,7 +433,8 @@ def compile_sampler(name, config, family, model_config, mesh, params, rows: int,
                                           eos_ids=eos, pad_id=0, mesh=mesh, decode_layout=False)
 
     traced = _context(mesh, trace)
-    program = _context(mesh, lambda: _compile(name, traced))
+    weights = [x.shape for x in jax.tree.leaves(params)]
+    program = _context(mesh, lambda: _compile(name, traced, weights))
     dtype = sampling._default_cache_dtype(params)
     cache = jax.eval_shape(lambda: family.init_cache(model_config, rows, prompt + new, dtype))
     if mesh is not None:
@@ -382,6 +461,7 @@ class Plan:
     programs: dict          # name -> Program
     phases: dict            # name -> peak bytes per device
     train_tokens: int
+    rollout: dict = dataclasses.field(default_factory=dict)   # layout, tensor, mesh sizes of generation
 
     @property
     def peak(self) -> int:
@@ -402,15 +482,17 @@ class Plan:
 
 
 def plan(config, devices: int, *, prompt_tokens: int | None = None, wm_prompt_tokens: int | None = None,
-         chars_per_token: float = 3.0, programs=("train", "sample", "wm"), label: str = "") -> Plan:
+         chars_per_token: float = 3.0, programs=("train", "reshard", "sample", "wm"), label: str = "") -> Plan:
     """Compiles the loop's programs for `config` on `devices` devices and adds up each phase's peak memory.
 
-    `programs`: which of "train", "sample" (the agent's sampler), "wm" (the
-    world model's sampler) to compile; a phase left out is not in `phases`.
+    `programs`: which of "train", "reshard" (masters -> the rollout layout,
+    `train.rollout.Resharder`; only with `rollout.layout` "rollout" on
+    several devices), "sample" (the agent's sampler), "wm" (the world model's
+    sampler) to compile; a phase left out is not in `phases`.
     """
-    unknown = set(programs) - {"train", "sample", "wm"}
+    unknown = set(programs) - {"train", "reshard", "sample", "wm"}
     if unknown:
-        raise ValueError(f"programs: unknown {sorted(unknown)}, expected some of train, sample, wm")
+        raise ValueError(f"programs: unknown {sorted(unknown)}, expected some of train, reshard, sample, wm")
     family, model_config, _ = model_of(config)
     mesh = _mesh_for(config, devices)
     sizes = dict(zip(("data", "fsdp", "tensor"), resolve_mesh(config.mesh, devices)))
@@ -422,6 +504,15 @@ def plan(config, devices: int, *, prompt_tokens: int | None = None, wm_prompt_to
         raise ValueError(f"config.optim.micro_batches: {micro}, expected micro-batches of {shapes.batch} / {micro} "
                          f"sequences divisible by the mesh's data x fsdp = {shards}")
     optimizer, state, ref = abstract_state(config, family, model_config, mesh)
+    # Generation's mesh: the rollout layout's (train.rollout), where the frozen copy lives, or the training one.
+    gen_mesh = mesh
+    rollout_info = {"layout": config.rollout.get("layout", "rollout"), "tensor": config.rollout.get("tensor", 1)}
+    if mesh is not None:
+        rmesh = rollout.rollout_mesh(config.rollout, jax.devices()[:devices])
+        if rmesh is not None:
+            gen_mesh = rmesh
+            ref = _abstract(ref, rollout.rollout_shardings(rmesh, family, model_config, ref))
+        rollout_info["mesh"] = dict(gen_mesh.shape)
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(ref))
     resident = {"params (masters)": device_bytes(state.params), "optimizer state": device_bytes(state.opt_state),
                 "frozen reference = world model": device_bytes(ref)}
@@ -429,28 +520,37 @@ def plan(config, devices: int, *, prompt_tokens: int | None = None, wm_prompt_to
     kv = {}
     if "train" in programs:
         out["train"] = compile_train(config, family, model_config, mesh, shapes, optimizer, state, ref)
-    policy = ref if config.optim.param_dtype == config.dtype else None
+    resharded = gen_mesh is not mesh
+    policy = ref if config.optim.param_dtype == config.dtype and not resharded else None
     if policy is None:
-        # The loop samples with `policy = state.params.astype(dtype)`: a second bf16 copy, alive while the agent
-        # samples (and the world model answers between turns); deleted before the update.
-        policy = _param_shapes(family, model_config, config.dtype, mesh)
+        # The loop samples with the masters resharded into generation's layout in the model's dtype
+        # (`loop.generation_params`): a second copy, alive while the agent samples (and the world model answers
+        # between turns); deleted before the update.
+        policy = ref if resharded else _param_shapes(family, model_config, config.dtype, mesh)
         resident[POLICY_COPY] = device_bytes(policy)
+    if resharded and "reshard" in programs:
+        resharder = rollout.Resharder(family, model_config, gen_mesh, jnp.dtype(config.dtype))
+        out["reshard"] = _context(mesh, lambda: _compile("reshard", resharder.trace(state.params)))
     if "sample" in programs:
         a = agent_config(config)
-        out["sample"], kv["agent"] = compile_sampler("sample", config, family, model_config, mesh, policy,
+        out["sample"], kv["agent"] = compile_sampler("sample", config, family, model_config, gen_mesh, policy,
                                                      shapes.sample_rows, shapes.sample_prompt, shapes.sample_new,
                                                      temperature=a.temperature, top_p=a.top_p, top_k=a.top_k)
     if "wm" in programs and shapes.wm_calls:
         w = world_model_config(config)
-        out["wm"], kv["world model"] = compile_sampler("wm", config, family, model_config, mesh, ref, shapes.wm_rows,
-                                                       shapes.wm_prompt, shapes.wm_new, temperature=w.temperature,
-                                                       top_p=w.top_p, top_k=w.top_k)
+        out["wm"], kv["world model"] = compile_sampler("wm", config, family, model_config, gen_mesh, ref,
+                                                       shapes.wm_rows, shapes.wm_prompt, shapes.wm_new,
+                                                       temperature=w.temperature, top_p=w.top_p, top_k=w.top_k)
     everything = sum(resident.values())
     phases = {}
     if "train" in out:
         p = out["train"]
         # Its arguments are the state, the frozen copy and the batch; the policy copy is gone (loop.train).
         phases["train"] = p.peak
+    if "reshard" in out:
+        p = out["reshard"]
+        # Its argument is the masters (resident); its output is the policy copy.
+        phases["reshard"] = everything - resident[POLICY_COPY] + p.outputs + p.temporaries
     for name in ("sample", "wm"):
         if name in out:
             p = out[name]
@@ -459,7 +559,7 @@ def plan(config, devices: int, *, prompt_tokens: int | None = None, wm_prompt_to
             phases[name] = everything + (p.arguments - params_in) + p.outputs - p.aliased + p.temporaries
     return Plan(label=label or config.model_preset, devices=devices, mesh=sizes, micro_batches=micro,
                 remat=remat_policy(config.optim.remat) is not None, n_params=n_params, shapes=shapes, resident=resident, kv_cache=kv,
-                programs=out, phases=phases, train_tokens=shapes.batch * shapes.train_width)
+                programs=out, phases=phases, train_tokens=shapes.batch * shapes.train_width, rollout=rollout_info)
 
 
 # --------------------------------------------------------------------------- analytic FLOPs and hours
