@@ -133,6 +133,9 @@ class MicroWorldConfig:
     # ~1/1000 of a batch's loss.
     outcome_batch_size: int = 0
     outcome_loss_weight: float = 1.0
+    # x the mean prompt-token NLL of the outcome episodes whose program ran valid (the agent's kind of code:
+    # reading it trains what the answer needs); a failing program's prompt never carries loss.
+    outcome_prompt_loss_weight: float = 0.0
 
     def model_config(self, vocab_size: int, eos_id: int, pad_id: int):
         """The Qwen3.5 (hybrid Gated DeltaNet + gated attention) config of the micro-world model."""
@@ -262,13 +265,14 @@ def corpora(config: MicroWorldConfig, split: str = "train", root=None) -> tuple[
 
 
 def outcome_examples(config: MicroWorldConfig, root=None) -> list:
-    """[(prompt text, reply text, "outcome")]: the outcome stream, train tasks only.
+    """[(prompt text, reply text, kind)]: the outcome stream, train tasks only.
 
     Every logged train run the world model could be asked about and every
     program of the execution corpus (`wmrl_jax.execution_corpus`: mutants of
     the references and the base agent's own samples), each shown in the
     agent's form and answered with its real outcome. The gate decides
-    malformed code and syntax errors, so those are left out.
+    malformed code and syntax errors, so those are left out. Kind
+    "outcome" for programs that ran valid, "outcome_failing" for the rest.
     """
     import sandbox
     from sandbox import suite
@@ -279,7 +283,7 @@ def outcome_examples(config: MicroWorldConfig, root=None) -> list:
     runs = [(e, normalise_solution(e["code"], rows[e["task"]]["targets"])) for e in suite.execution_log("train", root)]
     runs += [(e, e["code"]) for e in execution_corpus.load(root=root) if e["task"] in tasks]
     return [(*render(world_model.messages(tasks[entry["task"]], code, config.world_model), world_model_answer(entry)),
-             "outcome")
+             "outcome" if entry["status"] == "valid" else "outcome_failing")
             for entry, code in runs if world_model.gate(code) is None and entry["status"] in world_model.STATUSES]
 
 
@@ -348,10 +352,10 @@ def batches(encoded: Sequence, *, batch_size: int, steps: int, width: int, pad_i
 
 
 def _pad_rows(rows: Sequence, width: int, pad_id: int):
-    """(tokens int32[B, W], valid, is_reply) of encoded rows, left-padded to `width`."""
+    """(tokens int32[B, W], valid, is_reply) of encoded rows, left-padded to `width` (is_reply keeps its dtype)."""
     tokens = np.full((len(rows), width), pad_id, np.int32)
     valid = np.zeros((len(rows), width), bool)
-    reply = np.zeros((len(rows), width), bool)
+    reply = np.zeros((len(rows), width), rows[0][1].dtype)
     for i, (ids, is_reply) in enumerate(rows):
         tokens[i, width - len(ids):] = ids
         valid[i, width - len(ids):] = True
@@ -359,13 +363,21 @@ def _pad_rows(rows: Sequence, width: int, pad_id: int):
     return tokens, valid, reply
 
 
-def make_train_step(model_config, optimizer, prompt_loss_weight: float, outcome_loss_weight: float = 1.0):
+def outcome_marks(encoded: Sequence, kinds: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Encoded outcome episodes with int8 token marks: 1 answer, 2 prompt of a valid program, 0 other prompt."""
+    return [(ids, np.where(is_reply, 1, 2 if kind == "outcome" else 0).astype(np.int8))
+            for (ids, is_reply), kind in zip(encoded, kinds)]
+
+
+def make_train_step(model_config, optimizer, prompt_loss_weight: float, outcome_loss_weight: float = 1.0,
+                    outcome_prompt_loss_weight: float = 0.0):
     """A jitted step on an episode batch, a rule batch and (optionally) an outcome batch.
 
     Loss: the episodes' mean reply-token NLL + `prompt_loss_weight` x their
     mean prompt-token NLL + the rule examples' mean reply-token NLL (+
     `outcome_loss_weight` x the mean over outcome episodes of each one's mean
-    answer-token NLL; their prompts carry no loss).
+    answer-token NLL + `outcome_prompt_loss_weight` x the mean prompt-token
+    NLL of those whose program ran valid; see `outcome_marks`).
     """
     import jax
     import jax.numpy as jnp
@@ -391,11 +403,15 @@ def make_train_step(model_config, optimizer, prompt_loss_weight: float, outcome_
     def loss_with_outcomes(params, episodes, rules, outcomes):
         loss, nlls = loss_fn(params, episodes, rules)
         logp, _ = token_logprobs(params, model_config, qwen35, *outcomes[:2])
-        valid, reply = outcomes[1:]
-        answer = valid & jnp.pad(valid[:, :-1], ((0, 0), (1, 0))) & reply
+        valid, marks = outcomes[1:]
+        scored = valid & jnp.pad(valid[:, :-1], ((0, 0), (1, 0)))
+        answer = scored & (marks == 1)
         per_episode = -jnp.sum(jnp.where(answer, logp, 0.0), axis=1) / jnp.maximum(answer.sum(axis=1), 1)
         outcome_nll = jnp.mean(per_episode)
-        return loss + outcome_loss_weight * outcome_nll, (*nlls, outcome_nll)
+        read = scored & (marks == 2)
+        read_nll = -jnp.sum(jnp.where(read, logp, 0.0)) / jnp.maximum(read.sum(), 1)
+        return (loss + outcome_loss_weight * outcome_nll + outcome_prompt_loss_weight * read_nll,
+                (*nlls, outcome_nll))
 
     @jax.jit
     def step(params, opt_state, episodes, rules, outcomes=None):
@@ -460,12 +476,14 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
     rule_width = -(-max(len(ids) for ids, _ in rules) // 32) * 32
     rule_batches = (_pad_rows(rules[i * config.rule_batch_size:(i + 1) * config.rule_batch_size], rule_width, pad_id)
                     for i in range(total))
-    step = make_train_step(model_config, optimizer, config.prompt_loss_weight, config.outcome_loss_weight)
+    step = make_train_step(model_config, optimizer, config.prompt_loss_weight, config.outcome_loss_weight,
+                           config.outcome_prompt_loss_weight)
     losses = {"reply_nll": [], "prompt_nll": [], "rule_nll": []}
     outcome_batches = itertools.repeat(None)
     outcome_width = 0
     if config.outcome_batch_size:
-        outcomes = encode_examples(tokenizer, outcome_examples(config, root=root))
+        outcome_eps = outcome_examples(config, root=root)
+        outcomes = outcome_marks(encode_examples(tokenizer, outcome_eps), [kind for *_, kind in outcome_eps])
         outcome_width = -(-max(len(ids) for ids, _ in outcomes) // 32) * 32
         outcome_batches = batches(outcomes, batch_size=config.outcome_batch_size, steps=total, width=outcome_width,
                                   pad_id=pad_id, seed=config.seed + 2)
