@@ -277,3 +277,13 @@ def test_config_of_reads_the_prompt_format_a_checkpoint_was_built_with(tmp_path)
     with pytest.raises(ValueError, match="listing"):
         (tmp_path / micro_world.BUILD_LOG).write_text(json.dumps({micro_world.PROMPT_FORMAT: {"listing": "x"}}))
         micro_world.config_of(tmp_path)
+
+
+def test_outcome_marks_keep_failing_programs_prompts_out_of_the_loss():
+    ids = np.arange(6, dtype=np.int32)
+    is_reply = np.array([False, False, False, False, True, True])
+    (_, valid_marks), (_, failing_marks) = micro_world.outcome_marks([(ids, is_reply)] * 2, ["outcome", "outcome_failing"])
+    assert valid_marks.tolist() == [2, 2, 2, 2, 1, 1] and failing_marks.tolist() == [0, 0, 0, 0, 1, 1]
+    tokens, valid, marks = micro_world._pad_rows([(ids, valid_marks), (ids[:3], failing_marks[3:])], 8, pad_id=0)
+    assert marks.dtype == np.int8 and marks.tolist() == [[0, 0, 2, 2, 2, 2, 1, 1], [0] * 5 + [0, 1, 1]]
+    assert valid.sum(axis=1).tolist() == [6, 3]
