@@ -82,8 +82,9 @@ def test_multi_turn_continuation_equals_reprefill(model, mode):
     """
     knobs = dict(max_new_tokens=NEW, **KNOBS[mode])
     conversation = _prompts()
-    # An EOS that row 1 samples at its third step: it stops early in turn 1 while the batch decodes on.
-    eos = sampling.generate(model, conversation, seed=0, **knobs).tokens[1][2]
+    # An EOS that row 1 samples at its third step: it stops early in turn 1 while the batch decodes on. (The
+    # probe's EOS id -1 is never sampled; an EOS array of the same shape reuses the compiled program.)
+    eos = sampling.generate(model, conversation, eos_ids=(-1,), seed=0, **knobs).tokens[1][2]
     rng = np.random.default_rng(1)
     cache, early, cut = None, False, False
     for turn in range(TURNS):

@@ -17,6 +17,14 @@ the while-loop carry updates it in place (XLA aliases loop-carried buffers);
 there is nothing to donate and nothing is copied per step. Decoding stops as
 soon as every row has emitted an EOS id (or after `max_new_tokens`).
 
+Across calls: `generate(..., return_cache=True)` hands the cache back as a
+`SamplerCache`, and `generate(..., cache=...)` continues it: the prompts
+extend the held conversations and only their new ids are prefilled (an
+agent's next turn: observation and assistant header). `generate(...,
+num_samples=K)` prefills each prompt once for its K samples. Both give the
+tokens and log-probs of the plain path (docs/design.md, "Multi-turn cache
+reuse").
+
 Sampling distribution, in the order transformers applies its warpers:
 ``logits / temperature`` -> keep the ``top_k`` largest -> keep the smallest set
 of most likely tokens whose probability mass reaches ``top_p``. The returned
@@ -68,7 +76,7 @@ class SampleOutput(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class GenerateResult:
-    """Result of `generate`, one entry per prompt, in prompt order.
+    """Result of `generate`, one entry per prompt (K per prompt with `num_samples`), in prompt order.
 
     tokens: new token ids per prompt, stopped at (and including) the EOS id.
     logprobs: float32 log-prob per new token (same length as `tokens[i]`).
