@@ -169,3 +169,11 @@ def test_misuse_names_what_was_expected(model):
         with pytest.raises(ValueError, match=message):
             jax.eval_shape(lambda c: sampling.sample(model.params, model.config, model.family, tokens, valid,
                                                      jax.random.key(0), max_new_tokens=2, cache=c), bad)
+
+
+def test_bench_multiturn_quick_runs_and_agrees(launch_script):
+    """launch/bench_multiturn.py --quick end to end (not timed: figures come from the script itself)."""
+    out = launch_script("bench_multiturn").main(["--quick"])
+    assert out["same_tokens"] and out["same_logprobs"]
+    assert out["reuse_tokens"] < out["reprefill_tokens"] and out["reuse_slots"] < out["reprefill_slots"]
+    assert out["reprefill_s"] > 0 and out["reuse_s"] > 0
