@@ -105,6 +105,23 @@ def test_episodes_are_deterministic_given_the_seed(lm, tasks):
     assert all(np.array_equal(x.tokens, y.tokens) for x, y in zip(a, b))
 
 
+def test_episodes_with_cache_reuse_equal_those_that_reprefill(lm, tasks):
+    """`AgentConfig.reuse_cache`: later turns continue the sampler cache instead of re-prefilling the whole
+    conversation; the episodes are the same (tokens, masks; log-probs up to float rounding)."""
+    def feedback(rows, solutions):
+        return [f"Execution failed: error number {r}." for r in rows]
+
+    runs = {reuse: agent.run_episodes(lm, tasks, 2, config=dataclasses.replace(CONFIG, reuse_cache=reuse),
+                                      feedback=feedback, seed=4)
+            for reuse in (False, True)}
+    assert CONFIG.reuse_cache and CONFIG.max_turns == 3
+    for off, on in zip(runs[False], runs[True]):
+        np.testing.assert_array_equal(on.tokens, off.tokens)
+        np.testing.assert_array_equal(on.loss_mask, off.loss_mask)
+        np.testing.assert_allclose(on.logprobs, off.logprobs, atol=2e-5, rtol=0)
+        assert on.replies == off.replies and on.truncated == off.truncated
+
+
 def test_solution_is_the_last_python_block_of_the_final_turn():
     reply = "Plan.\n```python\nprint(1)\n```\nbetter:\n```python\nprint(2)\n```\n```\nnot python\n```"
     assert agent.extract_solution(reply) == "print(2)\n"

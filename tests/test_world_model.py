@@ -291,10 +291,10 @@ def test_decomposed_predict_asks_every_check_of_every_solution_in_one_generate_c
     }
     calls = []
 
-    def fake_generate(lm, prompts, **kwargs):
-        calls.append(len(prompts))
+    def fake_generate(lm, prompts, num_samples=1, **kwargs):
+        calls.append(len(prompts) * num_samples)
         tokens = []
-        for ids in prompts:
+        for ids in (p for p in prompts for _ in range(num_samples)):   # K samples a prompt, prompt-major
             text = tiny_lm.decode(ids)
             marker = next(m for m in canned if f"1 | {m}" in text)
             checks, quality = canned[marker]

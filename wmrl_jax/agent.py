@@ -49,6 +49,10 @@ class AgentConfig:
     top_p: float = 1.0
     top_k: int = 0
     timeout_s: float = 600.0            # paper: sandbox cap 600 s (stated in the prompt)
+    # Turn k+1 continues turn k's sampler cache (prefilling only the observation and the next header) instead
+    # of re-prefilling the whole conversation; same tokens and log-probs up to float rounding (docs/design.md,
+    # "Multi-turn cache reuse"). The cache is held on the device while the feedback is computed.
+    reuse_cache: bool = True
 
     def __post_init__(self):
         for name in ("max_turns", "max_new_tokens", "observation_max_tokens", "overview_chars", "inventory_chars"):
@@ -240,8 +244,11 @@ def run_episodes(lm: ChatModel, tasks: Sequence, group_size: int, *, config: Age
     Each turn is one `sampling.generate` call over every row. Between turns
     `feedback(rows, solutions)` gives each row's observation (capped at
     `config.observation_max_tokens` tokens); it is not called after the final
-    turn, nor when `max_turns` is 1. `params` overrides `lm.model.params`
-    (e.g. the policy being trained, while `lm` carries the tokenizer).
+    turn, nor when `max_turns` is 1. With `config.reuse_cache` each later turn
+    continues the previous turn's cache: only the tokens added since (the
+    reply's last token, the observation, the next assistant header) are
+    prefilled. `params` overrides `lm.model.params` (e.g. the policy being
+    trained, while `lm` carries the tokenizer).
     """
     if not tasks:
         raise ValueError("tasks: empty batch, expected at least one task")
@@ -259,11 +266,14 @@ def run_episodes(lm: ChatModel, tasks: Sequence, group_size: int, *, config: Age
     replies = [[] for _ in rows]
     observations = [[] for _ in rows]
     truncated = [[] for _ in rows]
+    cache = None   # the previous turn's sampler cache (config.reuse_cache)
     for turn in range(config.max_turns):
         out = sampling.generate(
             model, tokens, max_new_tokens=config.max_new_tokens, temperature=config.temperature,
             top_p=config.top_p, top_k=config.top_k, eos_ids=lm.eos_ids, pad_id=lm.pad_id,
-            seed=int(np.random.SeedSequence([seed, turn]).generate_state(1)[0]))
+            seed=int(np.random.SeedSequence([seed, turn]).generate_state(1)[0]),
+            cache=cache, return_cache=config.reuse_cache and turn < config.max_turns - 1)
+        cache = out.cache
         for i in range(len(rows)):
             new = out.tokens[i]
             tokens[i] += new

@@ -540,7 +540,7 @@ def predict(model: ChatModel, tasks: Sequence, codes: Sequence[str | None], *, c
 
     Solutions the gate decides never reach the model. The rest go through ONE
     batched `sampling.generate` call: K (`config.num_samples`) samples of the
-    holistic prompt per solution, or, for the decomposed design, K samples of
+    holistic prompt per solution (the K share one prefill of the prompt), or, for the decomposed design, K samples of
     each check's prompt and of the rubric's (the checks run in parallel);
     sample k of a decomposed prediction combines the k-th answer of every
     check. `params` overrides the model's own (e.g. a frozen copy shared with
@@ -566,8 +566,9 @@ def predict(model: ChatModel, tasks: Sequence, codes: Sequence[str | None], *, c
                                      check_messages(task, code, config, q)) for q in questions]
     if ask:
         lm = model.model if params is None else dataclasses.replace(model.model, params=params)
+        # K samples of each prompt, rows prompt-major; each prompt is prefilled once for its K samples.
         result = sampling.generate(
-            lm, [p for p in prompts for _ in range(config.num_samples)], max_new_tokens=config.max_new_tokens,
+            lm, prompts, num_samples=config.num_samples, max_new_tokens=config.max_new_tokens,
             temperature=config.temperature, top_p=config.top_p, top_k=config.top_k, eos_ids=model.eos_ids,
             pad_id=model.pad_id, seed=seed)
         texts = [model.decode(t) for t in result.tokens]
