@@ -141,20 +141,19 @@ def target_kept_as_feature(code, facts, rng):
     return _replace(code, 'X = train.drop(columns=["id"] + TARGETS)', 'X = train.drop(columns=["id"])')
 
 
-def predict_labels_not_probabilities(code, facts, rng):
-    """Submits predicted labels where the metric scores probabilities (or the reverse for a label metric)."""
-    if facts.metric_kind == "proba":
-        return _replace(code, "predict = lambda X: model.predict_proba(X)[:, list(model.classes_).index(1)]",
-                        "predict = model.predict")
-    if facts.metric_kind == "classes":
-        return _replace(code, "predict = model.predict_proba", "predict = model.predict")
-    if facts.metric_kind == "label":
-        return None
-    return None
-
-
+# The program form's predict and submission lines, per metric kind (`wmrl_jax.program_form`).
+_CLASS_1 = "predict = lambda X: model.predict_proba(X)[:, list(model.classes_).index(1)]"
 _ONE_COLUMN = "submission = pd.DataFrame({TARGETS[0]: predict(X_test)})"
 _CLASS_COLUMNS = "submission = pd.DataFrame(predict(X_test), columns=[str(c) for c in model.classes_])"
+
+
+def predict_labels_not_probabilities(code, facts, rng):
+    """Submits predicted labels where the metric scores probabilities (no label-metric counterpart)."""
+    if facts.metric_kind == "proba":
+        return _replace(code, _CLASS_1, "predict = model.predict")
+    if facts.metric_kind == "classes":
+        return _replace(code, "predict = model.predict_proba", "predict = model.predict")
+    return None
 
 
 def probability_shape(code, facts, rng):
@@ -166,8 +165,7 @@ def probability_shape(code, facts, rng):
     ValueError, as the agent's own held-out samples failed).
     """
     if facts.metric_kind == "proba":
-        return _replace(code, "predict = lambda X: model.predict_proba(X)[:, list(model.classes_).index(1)]",
-                        "predict = model.predict_proba")
+        return _replace(code, _CLASS_1, "predict = model.predict_proba")
     if facts.metric_kind == "label":
         return _replace(code, "predict = model.predict\n", "predict = model.predict_proba\n")
     if facts.metric_kind == "classes":
