@@ -78,7 +78,9 @@ def test_greedy_tokens_are_the_same_on_both_layouts(model, train_mesh):
 def test_reshard_to_bf16_is_the_cast_moved(model, train_mesh):
     trained = shard_params(model.params, model.family.param_axes(model.config), train_mesh)
     mesh = rollout.rollout_mesh({"layout": "rollout", "tensor": 2}, jax.devices())
-    out = rollout.Resharder(model.family, model.config, mesh, jnp.bfloat16)(trained)
+    resharder = rollout.Resharder(model.family, model.config, mesh, jnp.bfloat16)
+    assert repr(resharder).startswith("Resharder(") and "dtype=bfloat16" in repr(resharder)
+    out = resharder(trained)
     for x, y in zip(jax.tree.leaves(out), jax.tree.leaves(model.params)):
         assert x.dtype == jnp.bfloat16 and x.sharding.mesh.shape == mesh.shape
         np.testing.assert_array_equal(np.asarray(x.astype(jnp.float32)),

@@ -107,6 +107,11 @@ class Resharder:
     def __post_init__(self):
         self._jitted = {}
 
+    def __repr__(self) -> str:
+        where = "one device / training mesh (cast only)" if self.mesh is None else \
+            f"mesh {dict(self.mesh.shape)}"
+        return f"Resharder({self.family.__name__.rsplit('.', 1)[-1]}, dtype={jnp.dtype(self.dtype).name}, {where})"
+
     def _fn(self, params):
         return jax.tree.map(lambda x: x.astype(self.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
 
