@@ -55,13 +55,23 @@ def _compare(kernel, dtype, atol):
         np.testing.assert_allclose(g / scale_, w / scale_, atol=atol, err_msg=f"d{name}")
 
 
-def test_xla_library_kernel_equals_blocked_in_f32():
-    _compare("xla", jnp.float32, 2e-5)
+# The library kernels this backend has, each against the blocked attention: XLA's everywhere (f32), cuDNN's
+# on a GPU (bf16; launch/device_check.sh runs this file there). A kernel the backend lacks has no case here.
+LIBRARY_KERNELS = [("xla", jnp.float32, 2e-5)] + ([("cudnn", jnp.bfloat16, 3e-2)] if GPU else [])
 
 
-@pytest.mark.skipif(GPU, reason="the CPU fall-back")
-def test_auto_falls_back_to_blocked_off_gpu_and_cudnn_says_why():
+@pytest.mark.parametrize("kernel,dtype,atol", LIBRARY_KERNELS, ids=[k for k, *_ in LIBRARY_KERNELS])
+def test_library_kernel_equals_blocked(kernel, dtype, atol):
+    if kernel == "cudnn":
+        assert attention.selected(*_inputs(dtype)[:2], 0, "auto") == "cudnn"
+    _compare(kernel, dtype, atol)
+
+
+def test_auto_follows_the_backend_and_cudnn_off_gpu_says_why():
     q, k, _, _, _ = _inputs(jnp.bfloat16)
+    if GPU:
+        assert attention.selected(q, k, 0, "auto") == "cudnn"
+        return
     assert attention.selected(q, k, 0, "auto") == "blocked"
     with pytest.raises(ValueError, match="'cudnn' does not apply: backend 'cpu', cuDNN needs a GPU"):
         attention.selected(q, k, 0, "cudnn")
@@ -100,9 +110,3 @@ def test_the_model_uses_the_selected_kernel():
     finally:
         attention.set_implementation("auto")
     np.testing.assert_allclose(got[valid], want[valid], atol=1e-4)
-
-
-@pytest.mark.skipif(not GPU, reason="cuDNN needs a GPU (launch/device_check.sh runs this)")
-def test_cudnn_equals_blocked_in_bf16_on_gpu():
-    assert attention.selected(*_inputs(jnp.bfloat16)[:2], 0, "auto") == "cudnn"
-    _compare("cudnn", jnp.bfloat16, 3e-2)
