@@ -540,8 +540,9 @@ def predict(model: ChatModel, tasks: Sequence, codes: Sequence[str | None], *, c
 
     Solutions the gate decides never reach the model. The rest go through ONE
     batched `sampling.generate` call: K (`config.num_samples`) samples of the
-    holistic prompt per solution (the K share one prefill of the prompt), or, for the decomposed design, K samples of
-    each check's prompt and of the rubric's (the checks run in parallel);
+    holistic prompt per solution (the K share one prefill of the prompt), or,
+    for the decomposed design, K samples of each check's prompt and of the
+    rubric's (the checks run in parallel);
     sample k of a decomposed prediction combines the k-th answer of every
     check. `params` overrides the model's own (e.g. a frozen copy shared with
     the reference policy).
