@@ -172,9 +172,7 @@ def reusable(path, config: CorpusConfig, root=None) -> dict[str, dict]:
     or unusable: then every program runs.
     """
     try:
-        rows = load(path, root=root)
-        with gzip.open(path, "rt") as f:
-            header = json.loads(f.readline())
+        header, rows = _read(path, root)
     except CorpusError:
         return {}
     if header.get("config", {}).get("timeout_s") != config.timeout_s:
@@ -276,6 +274,11 @@ class CorpusError(ValueError):
 
 def load(path=None, root=None) -> list[dict]:
     """The labelled programs of a corpus file (default: the shipped one); refuses a truncated or foreign file."""
+    return _read(path, root)[1]
+
+
+def _read(path, root) -> tuple[dict, list[dict]]:
+    """(header, rows) of a corpus file, read once; `CorpusError` names what is wrong and the command."""
     path = pathlib.Path(path) if path is not None else corpus_path(root)
     fix = f"regenerate it with `{REGENERATE}`"
     if not path.is_file():
@@ -296,7 +299,7 @@ def load(path=None, root=None) -> list[dict]:
                           f"{suite_fingerprint(root)!r}; {fix}")
     if not (len(lines) >= 2 and end.get("end") is True and end.get("entries") == len(rows)):
         raise CorpusError(f"execution corpus {path}: truncated (no end line for {len(lines) - 1} lines); {fix}")
-    return rows
+    return header, rows
 
 
 __all__ = ["CORPUS_NAME", "CorpusConfig", "CorpusError", "REGENERATE", "TARGETED", "agent_entries", "corpus_path",
