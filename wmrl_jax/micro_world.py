@@ -386,14 +386,15 @@ def make_train_step(model_config, optimizer, prompt_loss_weight: float, outcome_
     from wmrl_jax.logprobs import token_logprobs
     from wmrl_jax.models import qwen35
 
+    def scored(valid):   # tokens with a real token before them (the first one has no prediction)
+        return valid & jnp.pad(valid[:, :-1], ((0, 0), (1, 0)))
+
+    def token_mean(logp, mask, axis=None):
+        return -jnp.sum(jnp.where(mask, logp, 0.0), axis=axis) / jnp.maximum(mask.sum(axis=axis), 1)
+
     def nll(params, tokens, valid, reply):
         logp, _ = token_logprobs(params, model_config, qwen35, tokens, valid)
-        scored = valid & jnp.pad(valid[:, :-1], ((0, 0), (1, 0)))
-        is_reply = scored & reply
-        is_prompt = scored & ~reply
-        reply_nll = -jnp.sum(jnp.where(is_reply, logp, 0.0)) / jnp.maximum(is_reply.sum(), 1)
-        prompt_nll = -jnp.sum(jnp.where(is_prompt, logp, 0.0)) / jnp.maximum(is_prompt.sum(), 1)
-        return reply_nll, prompt_nll
+        return token_mean(logp, scored(valid) & reply), token_mean(logp, scored(valid) & ~reply)
 
     def loss_fn(params, episodes, rules):
         reply_nll, prompt_nll = nll(params, *episodes)
@@ -404,12 +405,8 @@ def make_train_step(model_config, optimizer, prompt_loss_weight: float, outcome_
         loss, nlls = loss_fn(params, episodes, rules)
         logp, _ = token_logprobs(params, model_config, qwen35, *outcomes[:2])
         valid, marks = outcomes[1:]
-        scored = valid & jnp.pad(valid[:, :-1], ((0, 0), (1, 0)))
-        answer = scored & (marks == 1)
-        per_episode = -jnp.sum(jnp.where(answer, logp, 0.0), axis=1) / jnp.maximum(answer.sum(axis=1), 1)
-        outcome_nll = jnp.mean(per_episode)
-        read = scored & (marks == 2)
-        read_nll = -jnp.sum(jnp.where(read, logp, 0.0)) / jnp.maximum(read.sum(), 1)
+        outcome_nll = jnp.mean(token_mean(logp, scored(valid) & (marks == 1), axis=1))   # per episode, then mean
+        read_nll = token_mean(logp, scored(valid) & (marks == 2))
         return (loss + outcome_loss_weight * outcome_nll + outcome_prompt_loss_weight * read_nll,
                 (*nlls, outcome_nll))
 
