@@ -20,7 +20,7 @@ from wmrl_jax.world_model import WorldModelConfig
 _AGENT_FIELDS = ("max_turns", "max_new_tokens", "observation_max_tokens", "overview_chars", "inventory_chars",
                  "temperature", "top_p", "top_k")
 _WORLD_MODEL_FIELDS = ("overview_chars", "inventory_chars", "code_chars", "max_new_tokens", "temperature", "top_p",
-                       "top_k", "num_samples", "design", "listing", "inventory")
+                       "top_k", "num_samples", "design", "listing", "inventory", "readout")
 
 
 def agent_fields(agent: AgentConfig) -> dict:

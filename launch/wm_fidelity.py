@@ -46,6 +46,9 @@ _DESIGNS = flags.DEFINE_list(
     "first fills the report's usual keys. Default holistic only: the shipped micro-world is trained to give the "
     "holistic answer, so the decomposed design's check and rubric prompts are new to it (try it with a prompted "
     "LLM via --checkpoint, or to measure how far the micro-world's training carries).")
+_READOUT = flags.DEFINE_string(
+    "readout", None, "How answers become rewards (world_model.READOUTS: sample, expected); default: the "
+    "checkpoint's own world-model config.")
 
 
 def main(argv):
@@ -93,7 +96,8 @@ def main(argv):
     rest_idx = sorted(set(range(len(samples))) - set(timed_idx))
     by_design = {}
     for design in _DESIGNS.value:
-        config = dataclasses.replace(mw.world_model, design=design)
+        config = dataclasses.replace(mw.world_model, design=design,
+                                     readout=_READOUT.value or mw.world_model.readout)
         # The same number of prompts per sampler call for every design (the decomposed one asks 8 a solution).
         batch = max(1, 64 // (1 if design == "holistic" else len(world_model.CHECKS) + 1))
         mine = [dataclasses.replace(s, wm=None) for s in samples]

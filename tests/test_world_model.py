@@ -341,3 +341,96 @@ def test_decomposed_gate_needs_no_model_call(monkeypatch, task, tiny_lm):
     preds = world_model.predict(tiny_lm, [task] * 3, [None, "", "def f(:\n"], config=DECOMPOSED)
     assert [(p.status, p.reward, p.gated, p.checks) for p in preds] == \
         [("malformed", 0.0, True, None), ("malformed", 0.0, True, None), ("syntax_err", 0.0, True, None)]
+
+
+# --------------------------------------------------------------------------- the expected readout
+
+@pytest.fixture(scope="module")
+def micro_lm():
+    from wmrl_jax import micro_world
+
+    return chat.load_chat_model(micro_world.shipped_path())
+
+
+def _scored_distribution(lm, prompt, answers):
+    """Renormalised P(answer's first own token) from token_logprobs on prompt + each full answer (by hand)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from wmrl_jax import logprobs
+
+    ids = [lm.encode(a) for a in answers]
+    at = next(n for n in range(min(map(len, ids))) if len({i[n] for i in ids}) > 1)
+    logp = []
+    for a in ids:
+        seq = jnp.asarray([list(prompt) + a], jnp.int32)
+        lp, _ = logprobs.token_logprobs(lm.model.params, lm.model.config, lm.model.family, seq,
+                                        jnp.ones_like(seq, bool))
+        logp.append(float(lp[0, len(prompt) + at]))
+    p = np.exp(np.array(logp) - max(logp))
+    return p / p.sum()
+
+
+CODES = [
+    "import os\nimport pandas as pd\nfrom sklearn.ensemble import RandomForestClassifier\n"
+    "d = os.environ['DATA_DIR']\ntrain = pd.read_csv(d + '/train.csv')\ntest = pd.read_csv(d + '/test.csv')\n"
+    "X = train.drop(columns=['id', 'Species'])\nmodel = RandomForestClassifier(random_state=0)\n"
+    "model.fit(X, train['Species'])\n"
+    "pd.DataFrame({'id': test['id'], 'Species': model.predict(test[X.columns])})"
+    ".to_csv(os.environ['SUBMISSION_PATH'], index=False)\n",
+    "import pandas as pd\ntrain = pd.read_csv('train.csv')\nprint(train['Specie'].mean())\n",
+]
+
+
+def test_expected_readout_is_the_ladder_expectation_of_the_models_answer_distribution(task, micro_lm):
+    """Reference: each full answer scored separately with `logprobs.token_logprobs`, the ladder by hand."""
+    import numpy as np
+
+    config = dataclasses.replace(CONFIG, readout="expected")
+    preds = world_model.predict(micro_lm, [task] * 3, [*CODES, "def f(:\n"], config=config)
+    assert preds[2].gated and preds[2].reward == 0.0                       # the gate still decides first
+    positions = dict(world_model.DEFAULT_BUCKET_POSITIONS)
+    for code, pred in zip(CODES, preds):
+        prompt = micro_lm.prompt_ids(world_model.messages(task, code, config))
+        p_status = _scored_distribution(micro_lm, prompt, [
+            world_model.format_answer(s, bucket="low" if s == "valid" else None) for s in world_model.STATUSES])
+        p_bucket = _scored_distribution(micro_lm, prompt, [
+            world_model.format_answer("valid", bucket=b) for b in world_model.BUCKETS])
+        valid = sum(p * (0.5 + 0.5 * positions[b]) for p, b in zip(p_bucket, world_model.BUCKETS))
+        by_status = dict(zip(world_model.STATUSES, p_status))
+        expected = 0.1 * by_status["runtime_err"] + 0.2 * by_status["ran_no_sub"] + by_status["valid"] * valid
+        assert pred.reward == pytest.approx(expected, abs=1e-4)
+        assert pred.status == world_model.STATUSES[int(np.argmax(p_status))] and not pred.gated
+        assert (pred.bucket is None) == (pred.status != "valid")
+        assert pred.feedback == world_model.default_feedback(pred.status, None, pred.bucket)
+        assert "P(status)" in pred.raw_text and len(repr(pred)) < 200
+
+
+def test_expected_readout_of_the_decomposed_design(task, micro_lm):
+    """Precedence on probabilities, by hand: P(runtime) = 1 - prod(1 - p_c), then the submission, then valid."""
+    import numpy as np
+
+    config = world_model.WorldModelConfig()
+    quality = np.array([0.1, 0.2, 0.3, 0.4])
+    valid = sum(q * (0.5 + 0.5 * p) for q, (_, p) in zip(quality, world_model.DEFAULT_BUCKET_POSITIONS))
+    p_fail = np.array([0.1, 0.0, 0.2, 0.0, 0.0, 0.0, 0.6])
+    pred = world_model._expected_decomposed(p_fail, quality, config)
+    p_runtime = 1 - 0.9 * 0.8
+    assert pred.reward == pytest.approx(0.1 * p_runtime + 0.2 * (1 - p_runtime) * 0.6 + (1 - p_runtime) * 0.4 * valid)
+    assert pred.status == "ran_no_sub" and pred.bucket is None           # 0.43 > 0.29 (valid) > 0.28 (runtime)
+    assert [c[1] for c in pred.checks] == ["pass"] * 6 + ["fail"]
+    assert world_model._expected_decomposed(np.zeros(7), quality, config).reward == pytest.approx(valid)
+    assert world_model._expected_decomposed(np.eye(7)[0], quality, config).status == "runtime_err"
+
+    # Through predict on the shipped model: one forward, rewards on the ladder's range, a check tuple each.
+    config = dataclasses.replace(CONFIG, design="decomposed", readout="expected")
+    preds = world_model.predict(micro_lm, [task] * 2, CODES, config=config)
+    assert all(0.1 <= p.reward <= 1.0 and len(p.checks) == len(world_model.CHECKS) for p in preds)
+
+
+def test_expected_readout_needs_answers_that_branch_at_one_token(task, tiny_lm):
+    """The tiny test tokenizer spells ' runtime' and ' ran' with the same first token: a clear error, no guess."""
+    with pytest.raises(ValueError, match="readout='sample'"):
+        world_model.predict(tiny_lm, [task], ["x = 1\n"], config=dataclasses.replace(CONFIG, readout="expected"))
+    with pytest.raises(ValueError, match="WorldModelConfig.readout: got 'mean'"):
+        world_model.WorldModelConfig(readout="mean")

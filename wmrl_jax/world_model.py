@@ -39,15 +39,19 @@ predicts real outcomes better is measured, not assumed (`launch/wm_fidelity.py
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import re
 from collections import Counter
 from typing import Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from wmrl_jax import sampling
+from wmrl_jax.models.layers import positions_from_valid
 from wmrl_jax.agent import SANDBOX_PACKAGES, cap_text, data_inventory, target_columns, task_overview
 from wmrl_jax.chat import ChatModel
 
@@ -66,6 +70,7 @@ VERDICTS = ("pass", "fail")
 
 
 LISTINGS = ("prefix", "comment")
+READOUTS = ("sample", "expected")
 INVENTORIES = ("agent", "columns")
 
 
@@ -91,12 +96,19 @@ class WorldModelConfig:
     # The data section (`data_inventory`): "agent" (the agent's inventory, value ranges) or "columns"
     # (`column_inventory`: every column with its dtype and gaps, one line a file).
     inventory: str = "agent"
+    # How an answer becomes a reward: "sample" (K sampled answers, parsed, rewards averaged: the paper's) or
+    # "expected" (one teacher-forced forward reads the model's probability of each status and bucket -- of each
+    # check's verdict in the decomposed design -- and the reward is their expectation on the ladder; no
+    # decoding, no sampling noise, generic feedback). See `expected_predictions`.
+    readout: str = "sample"
 
     def __post_init__(self):
         if self.design not in DESIGNS:
             raise ValueError(f"WorldModelConfig.design: got {self.design!r}, expected one of {DESIGNS}")
         if self.listing not in LISTINGS:
             raise ValueError(f"WorldModelConfig.listing: got {self.listing!r}, expected one of {LISTINGS}")
+        if self.readout not in READOUTS:
+            raise ValueError(f"WorldModelConfig.readout: got {self.readout!r}, expected one of {READOUTS}")
         if self.inventory not in INVENTORIES:
             raise ValueError(f"WorldModelConfig.inventory: got {self.inventory!r}, expected one of {INVENTORIES}")
         for name in ("overview_chars", "inventory_chars", "code_chars", "max_new_tokens", "num_samples"):
@@ -504,6 +516,145 @@ def combine_checks(answers: Sequence[str], quality: str, config: WorldModelConfi
                       error_type=error, checks=checks)
 
 
+# --------------------------------------------------------------------------- the expected readout
+
+def _branch(model: ChatModel, answers: Sequence[str]) -> tuple[list[int], list[int]]:
+    """The ids `answers` share before they first differ, and each answer's id at that point.
+
+    The expected readout reads one next-token distribution there; that needs each answer to start its
+    own branch with a distinct token (true of the micro-world's and Qwen's tokenizers for the statuses,
+    buckets and verdicts), else ValueError.
+    """
+    ids = [model.encode(a) for a in answers]
+    n = 0
+    while all(len(i) > n for i in ids) and len({i[n] for i in ids}) == 1:
+        n += 1
+    branch = [i[n] if len(i) > n else None for i in ids]
+    if None in branch or len(set(branch)) != len(branch):
+        raise ValueError(f"WorldModelConfig.readout='expected': this tokenizer gives the answers {answers!r} no "
+                         f"single token at which all of them differ (ids {ids}); expected distinct first tokens, "
+                         f"or use readout='sample'")
+    return ids[0][:n], branch
+
+
+def _answer_branches(model: ChatModel, design: str) -> list[tuple[list[int], tuple[tuple[list[int], list[int]], ...]]]:
+    """Per question of `design`: (the answer ids fed after the prompt, ((prefix, branch ids) per read)).
+
+    Holistic: one sequence reaching ``QUALITY:`` of a valid answer, read where the status starts and
+    where the bucket starts. Decomposed: per check, ``VERDICT:`` (pass / fail); the rubric, ``QUALITY:``.
+    """
+    if design == "holistic":
+        status = _branch(model, [format_answer(s, bucket="low" if s == "valid" else None) for s in STATUSES])
+        bucket = _branch(model, [format_answer("valid", bucket=b) for b in BUCKETS])
+        valid_ids = status[0] + [status[1][STATUSES.index("valid")]]
+        if bucket[0][:len(valid_ids)] != valid_ids:
+            raise ValueError("WorldModelConfig.readout='expected': the valid answer's ids do not start with the "
+                             "status branch's; use readout='sample'")
+        return [(bucket[0], (status, bucket))]
+    verdict = _branch(model, [format_check_answer(v, 0.5) for v in VERDICTS])
+    quality = _branch(model, [format_quality_answer(b) for b in BUCKETS])
+    return [(verdict[0], (verdict,))] * len(CHECKS) + [(quality[0], (quality,))]
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _log_softmax_at(params, config, family, tokens, valid, where):
+    """log softmax of the next-token logits at positions `where` [B, R] of left-padded `tokens` [B, T]."""
+    hidden, _ = family.forward(params, config, tokens, positions_from_valid(valid), valid, None)
+    picked = jnp.take_along_axis(hidden, where[:, :, None], axis=1)
+    return jax.nn.log_softmax(family.unembed(params, config, picked).astype(jnp.float32), axis=-1)
+
+
+def _read_distributions(lm, seqs: Sequence[list[int]], reads: Sequence[Sequence[int]]) -> np.ndarray:
+    """float32[n, R, V]: the next-token log-probs after position reads[i][r] of seqs[i] (one forward pass)."""
+    num, width = len(seqs), sampling.bucket_size(max(len(s) for s in seqs), 16)
+    batch = sampling.bucket_size(num, 1)
+    tokens = np.zeros((batch, width), np.int32)
+    valid = np.zeros((batch, width), bool)
+    where = np.full((batch, len(reads[0])), width - 1, np.int32)
+    for row, (ids, at) in enumerate(zip(seqs, reads)):
+        tokens[row, width - len(ids):] = ids
+        valid[row, width - len(ids):] = True
+        where[row] = np.asarray(at) + width - len(ids)
+    valid[num:, -1] = True   # padding rows: one dummy token so attention is never empty
+    mesh = getattr(lm, "mesh", None)
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        out = _log_softmax_at(lm.params, lm.config, lm.family, tokens, valid, where)
+    return np.asarray(jax.device_get(out))[:num]
+
+
+def _probs(logp_row: np.ndarray, ids: Sequence[int]) -> np.ndarray:
+    """The distribution over `ids` alone (renormalised: mass on other tokens would not parse, as in `_vote`)."""
+    x = logp_row[np.asarray(ids)]
+    x = np.exp(x - x.max())
+    return x / x.sum()
+
+
+def _expected_holistic(p_status: np.ndarray, p_bucket: np.ndarray, config: WorldModelConfig) -> Prediction:
+    rewards = [ladder_reward(s, None, config) if s != "valid" else
+               float(sum(p * ladder_reward("valid", b, config) for p, b in zip(p_bucket, BUCKETS)))
+               for s in STATUSES]
+    status = STATUSES[int(np.argmax(p_status))]
+    bucket = BUCKETS[int(np.argmax(p_bucket))] if status == "valid" else None
+    raw = ("P(status): " + ", ".join(f"{s} {p:.3f}" for s, p in zip(STATUSES, p_status))
+           + "; P(quality | valid): " + ", ".join(f"{b} {p:.3f}" for b, p in zip(BUCKETS, p_bucket)))
+    return Prediction(status=status, bucket=bucket, reward=float(np.dot(p_status, rewards)),
+                      feedback=default_feedback(status, None, bucket), raw_text=raw)
+
+
+def _expected_decomposed(p_fail: np.ndarray, p_bucket: np.ndarray, config: WorldModelConfig) -> Prediction:
+    """The precedence of `combine_checks` on probabilities, the checks taken as independent."""
+    p_runtime = 1.0 - float(np.prod(1.0 - p_fail[:len(RUNTIME_CHECKS)]))
+    p_no_sub = (1.0 - p_runtime) * float(p_fail[len(RUNTIME_CHECKS)])
+    p_valid = 1.0 - p_runtime - p_no_sub
+    valid_reward = float(sum(p * ladder_reward("valid", b, config) for p, b in zip(p_bucket, BUCKETS)))
+    reward = (p_runtime * ladder_reward("runtime_err", None, config)
+              + p_no_sub * ladder_reward("ran_no_sub", None, config) + p_valid * valid_reward)
+    status = ("runtime_err", "ran_no_sub", "valid")[int(np.argmax([p_runtime, p_no_sub, p_valid]))]
+    bucket = BUCKETS[int(np.argmax(p_bucket))] if status == "valid" else None
+    checks = tuple((name, "fail" if p > 0.5 else "pass", float(max(p, 1.0 - p)), None)
+                   for name, p in zip(CHECKS, p_fail))
+    raw = ("P(fail): " + ", ".join(f"{n} {p:.3f}" for n, p in zip(CHECKS, p_fail))
+           + "; P(quality): " + ", ".join(f"{b} {p:.3f}" for b, p in zip(BUCKETS, p_bucket)))
+    return Prediction(status=status, bucket=bucket, reward=reward, feedback=default_feedback(status, None, bucket),
+                      raw_text=raw, checks=checks)
+
+
+def expected_predictions(model: ChatModel, prompts: Sequence[list[int]], config: WorldModelConfig,
+                         params=None) -> list[Prediction]:
+    """Predictions from the model's answer distribution, for `prompts` (question-major per solution).
+
+    For each question the answer is fed up to where its outcomes branch and the next-token distribution
+    is read there (`_answer_branches`): P(status) and P(bucket | valid) for the holistic design, P(fail) of
+    each check and P(bucket) of the rubric for the decomposed one (the checks' precedence then applied
+    to probabilities, the checks taken as independent). The reward is the expectation on the ladder;
+    status and bucket are the most probable; the feedback is `default_feedback`'s (no error text is
+    decoded). The model's own distribution (temperature 1, no top-k / top-p): the reward ranks what the
+    model believes rather than one draw from it, which is what the isotonic map and GRPO's within-group
+    comparison consume.
+    """
+    questions = _answer_branches(model, config.design)
+    q = len(questions)
+    seqs, reads = [], []
+    for j, prompt in enumerate(prompts):
+        fed, branches = questions[j % q]
+        seqs.append(list(prompt) + fed)
+        at = [len(prompt) + len(prefix) - 1 for prefix, _ in branches]
+        reads.append(at + [at[-1]] * (2 - len(at)))   # every row reads two positions (one shape per call)
+    lm = model.model if params is None else dataclasses.replace(model.model, params=params)
+    logp = _read_distributions(lm, seqs, reads)
+    out = []
+    for i in range(len(prompts) // q):
+        rows = logp[i * q:(i + 1) * q]
+        if config.design == "holistic":
+            (_, status_ids), (_, bucket_ids) = questions[0][1]
+            out.append(_expected_holistic(_probs(rows[0, 0], status_ids), _probs(rows[0, 1], bucket_ids), config))
+        else:
+            verdict_ids, quality_ids = questions[0][1][0][1], questions[-1][1][0][1]
+            p_fail = np.array([_probs(rows[c, 0], verdict_ids)[VERDICTS.index("fail")] for c in range(len(CHECKS))])
+            out.append(_expected_decomposed(p_fail, _probs(rows[-1, 0], quality_ids), config))
+    return out
+
+
 # --------------------------------------------------------------------------- predict
 
 def _vote(samples: Sequence[Prediction], raw: str) -> Prediction:
@@ -565,7 +716,10 @@ def predict(model: ChatModel, tasks: Sequence, codes: Sequence[str | None], *, c
         ask.append(i)
         prompts += [model.prompt_ids(messages(task, code, config) if q is None else
                                      check_messages(task, code, config, q)) for q in questions]
-    if ask:
+    if ask and config.readout == "expected":
+        for i, p in zip(ask, expected_predictions(model, prompts, config, params)):
+            out[i] = p
+    elif ask:
         lm = model.model if params is None else dataclasses.replace(model.model, params=params)
         # K samples of each prompt, rows prompt-major; each prompt is prefilled once for its K samples.
         result = sampling.generate(
@@ -585,6 +739,6 @@ def predict(model: ChatModel, tasks: Sequence, codes: Sequence[str | None], *, c
 
 __all__ = ["BUCKETS", "CHECKS", "DEFAULT_BUCKET_POSITIONS", "DESIGNS", "Prediction", "QUALITY_SYSTEM_PROMPT", "RUBRIC",
            "RUNTIME_CHECKS", "STATUSES", "VERDICTS", "WM_SYSTEM_PROMPT", "WorldModelConfig", "check_messages",
-           "INVENTORIES", "LISTINGS", "check_system_prompt", "column_inventory", "combine_checks", "default_feedback", "format_answer",
+           "INVENTORIES", "LISTINGS", "READOUTS", "expected_predictions", "check_system_prompt", "column_inventory", "combine_checks", "default_feedback", "format_answer",
            "format_check_answer", "format_quality_answer", "gate", "installed_versions", "ladder_reward", "messages",
            "numbered", "parse_answer", "parse_check_answer", "parse_quality_answer", "predict", "quality_bucket"]
