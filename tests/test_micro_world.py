@@ -287,3 +287,67 @@ def test_outcome_marks_keep_failing_programs_prompts_out_of_the_loss():
     tokens, valid, marks = micro_world._pad_rows([(ids, valid_marks), (ids[:3], failing_marks[3:])], 8, pad_id=0)
     assert marks.dtype == np.int8 and marks.tolist() == [[0, 0, 2, 2, 2, 2, 1, 1], [0] * 5 + [0, 1, 1]]
     assert valid.sum(axis=1).tolist() == [6, 3]
+
+
+def test_world_model_stage_batches_pad_to_their_own_longest_row():
+    rows = [(np.arange(n, dtype=np.int32), np.ones(n, np.int8)) for n in (100, 300, 600, 900)]
+    got = list(micro_world.stage_batches(rows, batch_size=2, steps=6, pad_id=0, seed=3))
+    again = list(micro_world.stage_batches(rows, batch_size=2, steps=6, pad_id=0, seed=3))
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(got, again))            # seeded
+    for tokens, valid, marks in got:
+        longest = valid.sum(axis=1).max()
+        assert tokens.shape[1] == -(-longest // 256) * 256 and marks.dtype == np.int8
+    # Every row once an epoch: the first 2 batches of 2 hold each of the 4 rows.
+    assert sorted(v.sum() for t, val, _ in got[:2] for v in val) == [100, 300, 600, 900]
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_world_model_stage_resumes_where_it_was_interrupted(replay):
+    """An interruption inside the stage, then a rerun from the saved state: the same params as one run
+    (with replay, the replayed batches pick up where they were too).
+
+    Reference: the stage's loss recomputed by hand (each episode's mean answer-token NLL from
+    `token_logprobs`, averaged) equals what its step reports."""
+    import jax
+    import jax.numpy as jnp
+
+    from wmrl_jax.logprobs import token_logprobs
+    from wmrl_jax.models import qwen35
+
+    config = dataclasses.replace(micro_world.MicroWorldConfig(hidden_size=32, intermediate_size=64, num_layers=2,
+                                                              num_heads=2, num_kv_heads=1, head_dim=16),
+                                 outcome_stage_steps=4, outcome_stage_batch_size=2)
+    model_config = config.model_config(64, eos_id=2, pad_id=0)
+    params = qwen35.init_params(model_config, jax.random.key(0))
+    rng = np.random.default_rng(0)
+    outcomes = [(rng.integers(3, 64, n).astype(np.int32), np.r_[np.full(n - 4, 2), np.ones(4)].astype(np.int8))
+                for n in (20, 30, 40)]
+    saved = {}
+
+    def save(p, opt_state, losses, step):
+        saved[step] = (p, opt_state, {k: list(v) for k, v in losses.items()})
+
+    episodes = [(rng.integers(3, 64, n).astype(np.int32), np.arange(n) >= n - 5) for n in (24, 28, 32)]
+
+    def replayed():   # what `stage_replay` gives: (episode batch, rule batch) per step, seeded
+        if not replay:
+            return None
+        return zip(micro_world.batches(episodes, batch_size=2, steps=4, width=32, pad_id=0, seed=1),
+                   micro_world.batches(episodes, batch_size=1, steps=4, width=32, pad_id=0, seed=2))
+
+    kwargs = dict(first=5, pad_id=0, save=save, save_every=1, progress=False)
+    whole = micro_world._outcome_stage(config, model_config, outcomes, params, None, {}, done=0, replay=replayed(),
+                                       **kwargs)
+    p2, opt2, losses2 = saved[5 + 2]                       # as if interrupted after the stage's 2nd step
+    resumed = micro_world._outcome_stage(config, model_config, outcomes, p2, opt2, losses2, done=5 + 2,
+                                         replay=replayed(), **kwargs)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), whole, resumed)
+    assert len(losses2["outcome_stage_nll"]) == 4 and max(saved) == 5 + 3    # none after the last step
+
+    tokens, valid, marks = next(micro_world.stage_batches(outcomes, batch_size=2, steps=1, pad_id=0,
+                                                          seed=config.seed + 3))
+    logp, _ = token_logprobs(params, model_config, qwen35, jnp.asarray(tokens), jnp.asarray(valid))
+    logp = np.asarray(logp)
+    by_hand = np.mean([-logp[b][marks[b] == 1].mean() for b in range(2)])
+    assert saved[5 + 1][2]["outcome_stage_nll"][0] == pytest.approx(by_hand, rel=1e-5)
+    assert ("outcome_stage_reply_nll" in losses2) == replay
