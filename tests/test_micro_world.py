@@ -351,3 +351,28 @@ def test_world_model_stage_resumes_where_it_was_interrupted(replay):
     by_hand = np.mean([-logp[b][marks[b] == 1].mean() for b in range(2)])
     assert saved[5 + 1][2]["outcome_stage_nll"][0] == pytest.approx(by_hand, rel=1e-5)
     assert ("outcome_stage_reply_nll" in losses2) == replay
+
+
+def test_world_model_stage_loss_can_leave_the_answers_opening_out():
+    """skip=2: the answers' first two tokens (``STATUS:``) carry no loss; by hand from `token_logprobs`."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from wmrl_jax.logprobs import token_logprobs
+    from wmrl_jax.models import qwen35
+
+    config = micro_world.MicroWorldConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                                          num_kv_heads=1, head_dim=16)
+    model_config = config.model_config(64, eos_id=2, pad_id=0)
+    params = qwen35.init_params(model_config, jax.random.key(1))
+    rng = np.random.default_rng(1)
+    rows = [(rng.integers(3, 64, n).astype(np.int32), np.r_[np.full(n - 6, 2), np.ones(6)].astype(np.int8))
+            for n in (20, 26)]
+    tokens, valid, marks = micro_world._pad_rows(rows, 32, pad_id=0)
+    logp = np.asarray(token_logprobs(params, model_config, qwen35, jnp.asarray(tokens), jnp.asarray(valid))[0])
+    for skip in (0, 2):
+        step = micro_world.make_outcome_step(model_config, optax.sgd(0.0), skip)
+        _, _, loss = step(params, optax.sgd(0.0).init(params), tokens, valid, marks)
+        by_hand = np.mean([-logp[b][marks[b] == 1][skip:].mean() for b in range(2)])
+        assert float(loss) == pytest.approx(by_hand, rel=1e-5), skip

@@ -150,6 +150,9 @@ class MicroWorldConfig:
     # outcome episodes alone took the third build's agent from 88-94 % valid held-out programs to 0 % (all
     # malformed) while its world model's held-out Spearman rose from 0.33 to 0.84 on logged programs.
     outcome_stage_replay: int = 2
+    # Without replay: leave the answers' fixed opening (``STATUS:``) out of the stage's loss, so that the
+    # stage does not teach it as every reply's opening (`make_outcome_step`).
+    outcome_stage_skip_opening: bool = True
 
     def model_config(self, vocab_size: int, eos_id: int, pad_id: int):
         """The Qwen3.5 (hybrid Gated DeltaNet + gated attention) config of the micro-world model."""
@@ -469,8 +472,12 @@ def stage_replay(config: MicroWorldConfig, encoded: Sequence, tokenizer, width: 
                        seed=config.seed + 4), rule_batches)
 
 
-def make_outcome_step(model_config, optimizer):
-    """A jitted step on outcome episodes alone: the mean over episodes of each one's mean answer-token NLL."""
+def make_outcome_step(model_config, optimizer, skip: int = 0):
+    """A jitted step on outcome episodes alone: the mean over episodes of each one's mean answer-token NLL.
+
+    `skip`: leading answer tokens left out of the loss (the answer's fixed opening, ``STATUS:``: every
+    outcome answer starts with it, and trained on alone it becomes every reply's opening, the agent's too).
+    """
     import jax
     import jax.numpy as jnp
     import optax
@@ -481,6 +488,7 @@ def make_outcome_step(model_config, optimizer):
     def loss_fn(params, tokens, valid, marks):
         logp, _ = token_logprobs(params, model_config, qwen35, tokens, valid)
         answer = valid & jnp.pad(valid[:, :-1], ((0, 0), (1, 0))) & (marks == 1)
+        answer = answer & (jnp.cumsum(marks == 1, axis=1) > skip)
         return jnp.mean(-jnp.sum(jnp.where(answer, logp, 0.0), axis=1) / jnp.maximum(answer.sum(axis=1), 1))
 
     @jax.jit
@@ -493,13 +501,15 @@ def make_outcome_step(model_config, optimizer):
 
 
 def _outcome_stage(config: MicroWorldConfig, model_config, outcomes, params, opt_state, losses: dict, *,
-                   first: int, done: int, pad_id: int, save, save_every: int, progress: bool, replay=None):
+                   first: int, done: int, pad_id: int, save, save_every: int, progress: bool, replay=None,
+                   skip: int = 0):
     """The world-model stage (`MicroWorldConfig.outcome_stage_steps`); returns the params after it.
 
     Steps are numbered on from the mixed schedule's `first`; `opt_state` is the stage's own when
     resuming inside it (None: start it). Saves through `save` every `save_every` steps. `replay`:
     an iterator of (episode batch, rule batch) per step, trained on with the mixed schedule's losses
-    (`make_train_step`), or None for outcome episodes alone (`make_outcome_step`).
+    (`make_train_step`), or None for outcome episodes alone (`make_outcome_step`, `skip` opening tokens
+    out of the loss).
     """
     import optax
     from tqdm.auto import tqdm
@@ -513,7 +523,7 @@ def _outcome_stage(config: MicroWorldConfig, model_config, outcomes, params, opt
         b1=0.9, b2=0.98, weight_decay=0.01))
     opt_state = optimizer.init(params) if opt_state is None else opt_state
     if replay is None:
-        step = make_outcome_step(model_config, optimizer)
+        step = make_outcome_step(model_config, optimizer, skip)
     else:
         mixed = make_train_step(model_config, optimizer, config.prompt_loss_weight, config.outcome_loss_weight,
                                 config.outcome_prompt_loss_weight)
@@ -631,7 +641,9 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
         params = _outcome_stage(config, model_config, outcomes, params, opt_state if done > total else None, losses,
                                 first=total, done=done, pad_id=pad_id, save=functools.partial(
                                     _save_state, partial, fingerprint), save_every=save_every, progress=progress,
-                                replay=stage_replay(config, encoded, tokenizer, width, pad_id))
+                                replay=stage_replay(config, encoded, tokenizer, width, pad_id),
+                                skip=len(tokenizer.encode("STATUS:", add_special_tokens=False))
+                                if config.outcome_stage_skip_opening else 0)
     train_s = time.perf_counter() - start
 
     padded = -(-len(tokenizer) // config.vocab_multiple) * config.vocab_multiple
