@@ -760,7 +760,7 @@ def train_split_check(path, *, per_task: int = 8, seed: int = 0, workers: int = 
     from sandbox import suite
     from wmrl_jax import chat, fidelity
 
-    config = MicroWorldConfig()
+    config = config_of(path)   # the prompt format the checkpoint was built with
     lm = chat.load_chat_model(path)
     tasks = [sandbox.load_task(p) for p in suite.list_tasks("train")]
     codes = fidelity.sample_solutions(lm, tasks, per_task, config=config.agent, seed=seed)
