@@ -525,7 +525,9 @@ def _outcome_stage(config: MicroWorldConfig, model_config, outcomes, params, opt
     if replay is None:
         step = make_outcome_step(model_config, optimizer, skip)
     else:
-        mixed = make_train_step(model_config, optimizer, config.prompt_loss_weight, config.outcome_loss_weight,
+        # The replayed episodes carry their reply loss only: the stage keeps the agent's replies, it does not
+        # go on teaching the prompts' text.
+        mixed = make_train_step(model_config, optimizer, 0.0, config.outcome_loss_weight,
                                 config.outcome_prompt_loss_weight)
 
         def step(params, opt_state, *batch):
