@@ -354,20 +354,23 @@ def micro_lm():
 
 def _scored_distribution(lm, prompt, answers):
     """Renormalised P(answer's first own token) from token_logprobs on prompt + each full answer (by hand)."""
-    import jax.numpy as jnp
+    import jax
     import numpy as np
 
     from wmrl_jax import logprobs
 
     ids = [lm.encode(a) for a in answers]
     at = next(n for n in range(min(map(len, ids))) if len({i[n] for i in ids}) > 1)
-    logp = []
-    for a in ids:
-        seq = jnp.asarray([list(prompt) + a], jnp.int32)
-        lp, _ = logprobs.token_logprobs(lm.model.params, lm.model.config, lm.model.family, seq,
-                                        jnp.ones_like(seq, bool))
-        logp.append(float(lp[0, len(prompt) + at]))
-    p = np.exp(np.array(logp) - max(logp))
+    rows = [list(prompt) + a for a in ids]
+    width = max(map(len, rows))
+    tokens = np.zeros((len(rows), width), np.int32)
+    valid = np.zeros((len(rows), width), bool)
+    for r, row in enumerate(rows):   # left-padded, as the sampler lays out a batch
+        tokens[r, width - len(row):], valid[r, width - len(row):] = row, True
+    score = jax.jit(logprobs.token_logprobs, static_argnums=(1, 2))
+    lp, _ = score(lm.model.params, lm.model.config, lm.model.family, tokens, valid)
+    logp = np.array([lp[r, width - len(row) + len(prompt) + at] for r, row in enumerate(rows)])
+    p = np.exp(logp - logp.max())
     return p / p.sum()
 
 
