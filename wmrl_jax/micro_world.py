@@ -359,13 +359,19 @@ def encode_examples(tokenizer, examples: Sequence) -> list[tuple[np.ndarray, np.
 
 def batches(encoded: Sequence, *, batch_size: int, steps: int, width: int, pad_id: int, seed: int):
     """`steps` left-padded batches (tokens int32[B, W], valid, is_reply), epoch by epoch in a seeded order."""
+    for rows in _epoch_order(len(encoded), batch_size, steps, seed):
+        yield _pad_rows([encoded[r] for r in rows], width, pad_id)
+
+
+def _epoch_order(count: int, batch_size: int, steps: int, seed: int):
+    """`steps` lists of `batch_size` row indices in [0, count), epoch by epoch in a seeded order."""
     rng = np.random.default_rng(seed)
     order: list[int] = []
     for _ in range(steps):
         while len(order) < batch_size:
-            order += rng.permutation(len(encoded)).tolist()
+            order += rng.permutation(count).tolist()
         rows, order = order[:batch_size], order[batch_size:]
-        yield _pad_rows([encoded[r] for r in rows], width, pad_id)
+        yield rows
 
 
 def _pad_rows(rows: Sequence, width: int, pad_id: int):
@@ -445,12 +451,7 @@ def stage_batches(encoded: Sequence, *, batch_size: int, steps: int, pad_id: int
     The outcome episodes run from ~400 to ~1,100 tokens; padding every batch to the longest of all
     would spend about a fifth of the stage's compute on padding. A few widths, so a few compilations.
     """
-    rng = np.random.default_rng(seed)
-    order: list[int] = []
-    for _ in range(steps):
-        while len(order) < batch_size:
-            order += rng.permutation(len(encoded)).tolist()
-        rows, order = order[:batch_size], order[batch_size:]
+    for rows in _epoch_order(len(encoded), batch_size, steps, seed):
         width = -(-max(len(encoded[r][0]) for r in rows) // multiple) * multiple
         yield _pad_rows([encoded[r] for r in rows], width, pad_id)
 
