@@ -392,6 +392,28 @@ def outcome_marks(encoded: Sequence, kinds: Sequence[str]) -> list[tuple[np.ndar
             for (ids, is_reply), kind in zip(encoded, kinds)]
 
 
+def _scored(valid):
+    """Tokens with a real token before them (a row's first token has no prediction)."""
+    import jax.numpy as jnp
+
+    return valid & jnp.pad(valid[:, :-1], ((0, 0), (1, 0)))
+
+
+def _token_mean(logp, mask, axis=None):
+    """The mean NLL of the `mask`ed tokens (over all of them, or along `axis`); 0 where none is masked."""
+    import jax.numpy as jnp
+
+    return -jnp.sum(jnp.where(mask, logp, 0.0), axis=axis) / jnp.maximum(mask.sum(axis=axis), 1)
+
+
+def _answer_nll(logp, valid, marks, skip: int = 0):
+    """Outcome episodes' loss: each one's mean answer-token NLL (marks 1, past the first `skip`), averaged."""
+    import jax.numpy as jnp
+
+    answer = _scored(valid) & (marks == 1) & (jnp.cumsum(marks == 1, axis=1) > skip)
+    return jnp.mean(_token_mean(logp, answer, axis=1))
+
+
 def make_train_step(model_config, optimizer, prompt_loss_weight: float, outcome_loss_weight: float = 1.0,
                     outcome_prompt_loss_weight: float = 0.0):
     """A jitted step on an episode batch, a rule batch and (optionally) an outcome batch.
@@ -409,15 +431,9 @@ def make_train_step(model_config, optimizer, prompt_loss_weight: float, outcome_
     from wmrl_jax.logprobs import token_logprobs
     from wmrl_jax.models import qwen35
 
-    def scored(valid):   # tokens with a real token before them (the first one has no prediction)
-        return valid & jnp.pad(valid[:, :-1], ((0, 0), (1, 0)))
-
-    def token_mean(logp, mask, axis=None):
-        return -jnp.sum(jnp.where(mask, logp, 0.0), axis=axis) / jnp.maximum(mask.sum(axis=axis), 1)
-
     def nll(params, tokens, valid, reply):
         logp, _ = token_logprobs(params, model_config, qwen35, tokens, valid)
-        return token_mean(logp, scored(valid) & reply), token_mean(logp, scored(valid) & ~reply)
+        return _token_mean(logp, _scored(valid) & reply), _token_mean(logp, _scored(valid) & ~reply)
 
     def loss_fn(params, episodes, rules):
         reply_nll, prompt_nll = nll(params, *episodes)
@@ -428,8 +444,8 @@ def make_train_step(model_config, optimizer, prompt_loss_weight: float, outcome_
         loss, nlls = loss_fn(params, episodes, rules)
         logp, _ = token_logprobs(params, model_config, qwen35, *outcomes[:2])
         valid, marks = outcomes[1:]
-        outcome_nll = jnp.mean(token_mean(logp, scored(valid) & (marks == 1), axis=1))   # per episode, then mean
-        read_nll = token_mean(logp, scored(valid) & (marks == 2))
+        outcome_nll = _answer_nll(logp, valid, marks)
+        read_nll = _token_mean(logp, _scored(valid) & (marks == 2))
         return (loss + outcome_loss_weight * outcome_nll + outcome_prompt_loss_weight * read_nll,
                 (*nlls, outcome_nll))
 
@@ -480,7 +496,6 @@ def make_outcome_step(model_config, optimizer, skip: int = 0):
     outcome answer starts with it, and trained on alone it becomes every reply's opening, the agent's too).
     """
     import jax
-    import jax.numpy as jnp
     import optax
 
     from wmrl_jax.logprobs import token_logprobs
@@ -488,9 +503,7 @@ def make_outcome_step(model_config, optimizer, skip: int = 0):
 
     def loss_fn(params, tokens, valid, marks):
         logp, _ = token_logprobs(params, model_config, qwen35, tokens, valid)
-        answer = valid & jnp.pad(valid[:, :-1], ((0, 0), (1, 0))) & (marks == 1)
-        answer = answer & (jnp.cumsum(marks == 1, axis=1) > skip)
-        return jnp.mean(-jnp.sum(jnp.where(answer, logp, 0.0), axis=1) / jnp.maximum(answer.sum(axis=1), 1))
+        return _answer_nll(logp, valid, marks, skip)
 
     @jax.jit
     def step(params, opt_state, tokens, valid, marks):

@@ -589,9 +589,13 @@ def _probs(logp_row: np.ndarray, ids: Sequence[int]) -> np.ndarray:
     return x / x.sum()
 
 
+def _expected_valid_reward(p_bucket: np.ndarray, config: WorldModelConfig) -> float:
+    """A valid run's reward on the ladder, in expectation over P(bucket)."""
+    return float(sum(p * ladder_reward("valid", b, config) for p, b in zip(p_bucket, BUCKETS)))
+
+
 def _expected_holistic(p_status: np.ndarray, p_bucket: np.ndarray, config: WorldModelConfig) -> Prediction:
-    rewards = [ladder_reward(s, None, config) if s != "valid" else
-               float(sum(p * ladder_reward("valid", b, config) for p, b in zip(p_bucket, BUCKETS)))
+    rewards = [_expected_valid_reward(p_bucket, config) if s == "valid" else ladder_reward(s, None, config)
                for s in STATUSES]
     status = STATUSES[int(np.argmax(p_status))]
     bucket = BUCKETS[int(np.argmax(p_bucket))] if status == "valid" else None
@@ -606,9 +610,9 @@ def _expected_decomposed(p_fail: np.ndarray, p_bucket: np.ndarray, config: World
     p_runtime = 1.0 - float(np.prod(1.0 - p_fail[:len(RUNTIME_CHECKS)]))
     p_no_sub = (1.0 - p_runtime) * float(p_fail[len(RUNTIME_CHECKS)])
     p_valid = 1.0 - p_runtime - p_no_sub
-    valid_reward = float(sum(p * ladder_reward("valid", b, config) for p, b in zip(p_bucket, BUCKETS)))
     reward = (p_runtime * ladder_reward("runtime_err", None, config)
-              + p_no_sub * ladder_reward("ran_no_sub", None, config) + p_valid * valid_reward)
+              + p_no_sub * ladder_reward("ran_no_sub", None, config)
+              + p_valid * _expected_valid_reward(p_bucket, config))
     status = ("runtime_err", "ran_no_sub", "valid")[int(np.argmax([p_runtime, p_no_sub, p_valid]))]
     bucket = BUCKETS[int(np.argmax(p_bucket))] if status == "valid" else None
     checks = tuple((name, "fail" if p > 0.5 else "pass", float(max(p, 1.0 - p)), None)
@@ -739,6 +743,7 @@ def predict(model: ChatModel, tasks: Sequence, codes: Sequence[str | None], *, c
 
 __all__ = ["BUCKETS", "CHECKS", "DEFAULT_BUCKET_POSITIONS", "DESIGNS", "Prediction", "QUALITY_SYSTEM_PROMPT", "RUBRIC",
            "RUNTIME_CHECKS", "STATUSES", "VERDICTS", "WM_SYSTEM_PROMPT", "WorldModelConfig", "check_messages",
-           "INVENTORIES", "LISTINGS", "READOUTS", "expected_predictions", "check_system_prompt", "column_inventory", "combine_checks", "default_feedback", "format_answer",
+           "INVENTORIES", "LISTINGS", "READOUTS", "expected_predictions", "check_system_prompt", "column_inventory",
+           "combine_checks", "default_feedback", "format_answer",
            "format_check_answer", "format_quality_answer", "gate", "installed_versions", "ladder_reward", "messages",
            "numbered", "parse_answer", "parse_check_answer", "parse_quality_answer", "predict", "quality_bucket"]
