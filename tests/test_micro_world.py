@@ -301,10 +301,11 @@ def test_world_model_stage_batches_pad_to_their_own_longest_row():
     assert sorted(v.sum() for t, val, _ in got[:2] for v in val) == [100, 300, 600, 900]
 
 
-@pytest.mark.parametrize("replay", [False, True])
+@pytest.mark.parametrize("replay", ["none", "summed", "alternate"])
 def test_world_model_stage_resumes_where_it_was_interrupted(replay):
     """An interruption inside the stage, then a rerun from the saved state: the same params as one run
-    (with replay, the replayed batches pick up where they were too).
+    (with replay, summed into the outcome step's gradient or alternated with it, the replayed batches pick
+    up where they were too).
 
     Reference: the stage's loss recomputed by hand (each episode's mean answer-token NLL from
     `token_logprobs`, averaged) equals what its step reports."""
@@ -316,7 +317,8 @@ def test_world_model_stage_resumes_where_it_was_interrupted(replay):
 
     config = dataclasses.replace(micro_world.MicroWorldConfig(hidden_size=32, intermediate_size=64, num_layers=2,
                                                               num_heads=2, num_kv_heads=1, head_dim=16),
-                                 outcome_stage_steps=4, outcome_stage_batch_size=2)
+                                 outcome_stage_steps=4, outcome_stage_batch_size=2,
+                                 outcome_stage_alternate=replay == "alternate")
     model_config = config.model_config(64, eos_id=2, pad_id=0)
     params = qwen35.init_params(model_config, jax.random.key(0))
     rng = np.random.default_rng(0)
@@ -330,7 +332,7 @@ def test_world_model_stage_resumes_where_it_was_interrupted(replay):
     episodes = [(rng.integers(3, 64, n).astype(np.int32), np.arange(n) >= n - 5) for n in (24, 28, 32)]
 
     def replayed():   # what `stage_replay` gives: (episode batch, rule batch) per step, seeded
-        if not replay:
+        if replay == "none":
             return None
         return zip(micro_world.batches(episodes, batch_size=2, steps=4, width=32, pad_id=0, seed=1),
                    micro_world.batches(episodes, batch_size=1, steps=4, width=32, pad_id=0, seed=2))
@@ -350,7 +352,18 @@ def test_world_model_stage_resumes_where_it_was_interrupted(replay):
     logp = np.asarray(logp)
     by_hand = np.mean([-logp[b][marks[b] == 1].mean() for b in range(2)])
     assert saved[5 + 1][2]["outcome_stage_nll"][0] == pytest.approx(by_hand, rel=1e-5)
-    assert ("outcome_stage_reply_nll" in losses2) == replay
+    assert ("outcome_stage_reply_nll" in losses2) == (replay != "none")
+    if replay != "none":
+        assert len(losses2["outcome_stage_reply_nll"]) == 4
+    if replay == "alternate":   # two updates a step are not one summed gradient; and alternation needs replay
+        summed = micro_world._outcome_stage(dataclasses.replace(config, outcome_stage_alternate=False), model_config,
+                                            outcomes, params, None, {}, done=0, replay=replayed(),
+                                            **{**kwargs, "save": lambda *a: None})
+        assert not all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(jax.tree.leaves(summed),
+                                                                                     jax.tree.leaves(whole)))
+        with pytest.raises(ValueError, match="outcome_stage_alternate needs replayed episodes"):
+            micro_world._outcome_stage(config, model_config, outcomes, params, None, {}, done=0, replay=None,
+                                       **kwargs)
 
 
 def test_world_model_stage_loss_can_leave_the_answers_opening_out():
