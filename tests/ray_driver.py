@@ -8,7 +8,7 @@ segmentation fault, without a traceback, two of four full-suite runs, each
 time in JAX code well after the Ray tests (tests/test_train_update.py,
 tests/test_world_model.py). So the driver lives here, in a process of its own;
 the test module runs it once and asserts on what it pickles: the outcomes, the
-pools' counters, and any exception as (type name, message).
+pools' counters, and any exception as (its type's names, message).
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ import sys
 import ray
 
 import sandbox
+from helpers_sandbox import GOOD   # beside this file: a script's folder is first on its path
 from sandbox import ray_pool
-
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from helpers_sandbox import GOOD  # noqa: E402
 
 SOLUTIONS = [GOOD, "raise ValueError('boom')", "import time\ntime.sleep(60)", "print('no file')", GOOD]
 
