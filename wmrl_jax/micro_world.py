@@ -549,6 +549,8 @@ def _outcome_stage(config: MicroWorldConfig, model_config, outcomes, params, opt
         optax.warmup_cosine_decay_schedule(0.0, lr, min(10, updates // 2), updates, end_value=0.1 * lr),
         b1=0.9, b2=0.98, weight_decay=0.01))
     opt_state = optimizer.init(params) if opt_state is None else opt_state
+    if replay is not None:
+        losses.setdefault("outcome_stage_reply_nll", [])   # the replayed episodes' reply loss, a step each
     if replay is None:
         step = make_outcome_step(model_config, optimizer, skip)
     elif alternate:
@@ -560,7 +562,6 @@ def _outcome_stage(config: MicroWorldConfig, model_config, outcomes, params, opt
             params, opt_state, nlls = mixed(params, opt_state, *next(replay))
             losses["outcome_stage_reply_nll"].append(float(nlls[0]))
             return params, opt_state, loss
-        losses.setdefault("outcome_stage_reply_nll", [])
     else:
         # The replayed episodes carry their reply loss only: the stage keeps the agent's replies, it does not
         # go on teaching the prompts' text.
@@ -570,9 +571,8 @@ def _outcome_stage(config: MicroWorldConfig, model_config, outcomes, params, opt
         def step(params, opt_state, *batch):
             episodes, rules = next(replay)
             params, opt_state, nlls = mixed(params, opt_state, episodes, rules, batch)
-            losses["outcome_stage_reply_nll"].append(float(nlls[0]))   # the replayed episodes' reply loss
+            losses["outcome_stage_reply_nll"].append(float(nlls[0]))
             return params, opt_state, nlls[-1]
-        losses.setdefault("outcome_stage_reply_nll", [])
     losses.setdefault("outcome_stage_nll", [])
     bar = tqdm(stage_batches(outcomes, batch_size=config.outcome_stage_batch_size, steps=steps, pad_id=pad_id,
                              seed=config.seed + 3), total=steps, desc="world-model stage", disable=not progress,
