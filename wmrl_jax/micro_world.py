@@ -150,8 +150,9 @@ class MicroWorldConfig:
     # outcome episodes alone took the third build's agent from 88-94 % valid held-out programs to 0 % (all
     # malformed) while its world model's held-out Spearman rose from 0.33 to 0.84 on logged programs.
     outcome_stage_replay: int = 2
-    # Without replay: leave the answers' fixed opening (``STATUS:``) out of the stage's loss, so that the
-    # stage does not teach it as every reply's opening (`make_outcome_step`).
+    # Without replay, or with it alternated (`outcome_stage_alternate`): leave the answers' fixed opening
+    # (``STATUS:``) out of the outcome updates' loss, so that the stage does not teach it as every reply's
+    # opening (`make_outcome_step`). The summed replay step does not use it.
     outcome_stage_skip_opening: bool = True
     # Alternate instead of summing: each stage step is two clipped updates, one on the outcome batch alone (the
     # answer-only loss, the opening left out as above) and one on the replayed episodes and rule examples with
