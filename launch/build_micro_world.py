@@ -3,6 +3,7 @@
     python launch/build_micro_world.py                      # seed 0 into wmrl_jax/assets/micro_world (what ships)
     python launch/build_micro_world.py --seeds=0,1,2        # 3 builds; ships the best by a train-split check
     python launch/build_micro_world.py --out /tmp/mw --steps 3
+    python launch/build_micro_world.py --out /tmp/mw --set=outcome_stage_steps=200 --set=world_model.listing=comment
 
 One build takes about 8-9 minutes on 2 idle CPU cores; deterministic for a
 given seed and code (build_log.json records every step's loss) and resumable
@@ -33,12 +34,59 @@ _OUT = flags.DEFINE_string("out", str(micro_world.shipped_path()), "Checkpoint f
 _STEPS = flags.DEFINE_integer("steps", None, "Training steps (default: the config's budget).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the corpus order, tokenizer sample, init and batches.")
 _SEEDS = flags.DEFINE_list("seeds", None, "Several seeds: build each, ship the best by the train-split check.")
+_SET = flags.DEFINE_multi_string(
+    "set", [], "FIELD=VALUE: a MicroWorldConfig field changed for this build (repeatable), e.g. "
+    "--set=outcome_stage_steps=200 --set=outcome_stage_alternate=True. Recorded in build_log.json's config.")
+
+
+def config_from_flags(settings, seed: int):
+    """The default MicroWorldConfig with `settings` ("FIELD=VALUE" strings) applied and `seed` set.
+
+    FIELD is a field of MicroWorldConfig, or of its agent / world-model config as ``world_model.listing``.
+    Values are parsed as the field's type (int, float, str; bool accepts true/false/1/0); an unknown field
+    or a value that does not parse raises ValueError naming it and what was expected.
+    """
+    import dataclasses
+
+    config = micro_world.MicroWorldConfig()
+
+    def settable(obj, prefix=""):
+        out = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                out.update(settable(value, f"{prefix}{f.name}."))
+            elif type(value) in (int, float, bool, str) and f"{prefix}{f.name}" != "seed":
+                out[f"{prefix}{f.name}"] = type(value)
+        return out
+
+    fields = settable(config)
+    changes: dict[str, dict] = {}
+    for setting in settings:
+        name, sep, text = (part.strip() for part in setting.partition("="))
+        if name == "seed":
+            raise ValueError("--set: the seed is set with --seed or --seeds, not --set")
+        if not sep or name not in fields:
+            raise ValueError(f"--set: got {setting!r}, expected FIELD=VALUE with FIELD one of {sorted(fields)}")
+        kind = fields[name]
+        try:
+            if kind is bool:
+                if text.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(text)
+                value = text.lower() in ("true", "1")
+            else:
+                value = kind(text)
+        except ValueError:
+            raise ValueError(f"--set: {name}={text!r} is not a valid {kind.__name__}") from None
+        outer, _, inner = name.rpartition(".")
+        changes.setdefault(outer, {})[inner] = value
+    nested = {outer: dataclasses.replace(getattr(config, outer), **values)
+              for outer, values in changes.items() if outer}
+    return dataclasses.replace(config, **changes.get("", {}), **nested, seed=seed)
 
 
 def _build(out: str, seed: int) -> dict:
-    import dataclasses
-
-    config = dataclasses.replace(micro_world.MicroWorldConfig(), seed=seed)
+    config = config_from_flags(_SET.value, seed)
     log = micro_world.build(out, config, steps=_STEPS.value)
     print(f"micro-world seed {seed}: {log['parameters'] / 1e6:.2f}M parameters, {log['steps']} steps of "
           f"{log['batch_size']} x {log['width']} tokens, reply loss {log['reply_nll'][0]:.3f} -> "

@@ -389,3 +389,24 @@ def test_world_model_stage_loss_can_leave_the_answers_opening_out():
         _, _, loss = step(params, optax.sgd(0.0).init(params), tokens, valid, marks)
         by_hand = np.mean([-logp[b][marks[b] == 1][skip:].mean() for b in range(2)])
         assert float(loss) == pytest.approx(by_hand, rel=1e-5), skip
+
+
+def test_build_script_sets_config_fields_from_the_command_line(launch_script):
+    """`build_micro_world.py --set=FIELD=VALUE`: top-level and nested fields, typed; bad settings name the problem."""
+    build = launch_script("build_micro_world")
+    config = build.config_from_flags(["outcome_stage_steps=200", "outcome_stage_alternate=true",
+                                      "outcome_stage_learning_rate=5e-4", "world_model.listing=comment",
+                                      "world_model.inventory=columns"], seed=2)
+    default = micro_world.MicroWorldConfig()
+    assert (config.outcome_stage_steps, config.outcome_stage_alternate, config.outcome_stage_learning_rate) == (
+        200, True, 5e-4)
+    assert (config.world_model.listing, config.world_model.inventory, config.seed) == ("comment", "columns", 2)
+    assert config.world_model.code_chars == default.world_model.code_chars and config.agent == default.agent
+    assert build.config_from_flags([], seed=0) == default
+    for setting, message in [("no_such_field=1", "expected FIELD=VALUE"), ("outcome_stage_steps", "FIELD=VALUE"),
+                             ("outcome_stage_steps=2.5", "not a valid int"),
+                             ("outcome_stage_alternate=maybe", "not a valid bool"),
+                             ("seed=3", "--seed"), ("agent=1", "expected FIELD=VALUE"),
+                             ("world_model.listing=zigzag", "WorldModelConfig.listing")]:
+        with pytest.raises(ValueError, match=message):
+            build.config_from_flags([setting], seed=0)
