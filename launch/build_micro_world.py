@@ -107,8 +107,10 @@ def main(argv):
             _build(folder, seed)
         check_path = os.path.join(folder, "train_check.json")
         if not os.path.isfile(check_path):
-            with open(check_path, "w") as f:
-                json.dump(micro_world.train_split_check(folder), f, indent=1)
+            readout = config_from_flags(_SET.value, seed).world_model.readout
+            check = {**micro_world.train_split_check(folder, readout=readout), "readout": readout}
+            with open(check_path, "w") as f:    # written once the check is done: an interrupted one is redone
+                json.dump(check, f, indent=1)
         with open(check_path) as f:
             checks[seed] = json.load(f)
         print(f"seed {seed} train-split check: {checks[seed]}")

@@ -345,9 +345,13 @@ def test_world_model_stage_resumes_where_it_was_interrupted(replay):
                                          replay=replayed(), **kwargs)
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), whole, resumed)
     assert len(losses2["outcome_stage_nll"]) == 4 and max(saved) == 5 + 3    # none after the last step
+    short = micro_world._outcome_stage(config, model_config, outcomes, params, None, {}, done=0, replay=replayed(),
+                                       **{**kwargs, "save": lambda *a: None}, stop=2)   # a build cut short
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), short, p2)
 
     tokens, valid, marks = next(micro_world.stage_batches(outcomes, batch_size=2, steps=1, pad_id=0,
-                                                          seed=config.seed + 3))
+                                                          seed=config.seed + 3,
+                                                          multiple=config.outcome_stage_pad_multiple))
     logp, _ = token_logprobs(params, model_config, qwen35, jnp.asarray(tokens), jnp.asarray(valid))
     logp = np.asarray(logp)
     by_hand = np.mean([-logp[b][marks[b] == 1].mean() for b in range(2)])

@@ -161,6 +161,9 @@ class MicroWorldConfig:
     # programs after 100 steps); alternated with four, 100 steps reached 0.65 / 0.39 and 200 steps 0.74 / 0.66 (the
     # lookup table 0.69 / 0.57), the agent 100 % valid on every held-out task (docs/results.md).
     outcome_stage_alternate: bool = False
+    # Each stage batch is padded to a multiple of this past its longest row (`stage_batches`). Padding does not
+    # change the math (left padding, masked); it trades compilations (one per width) for padded compute.
+    outcome_stage_pad_multiple: int = 64
 
     def model_config(self, vocab_size: int, eos_id: int, pad_id: int):
         """The Qwen3.5 (hybrid Gated DeltaNet + gated attention) config of the micro-world model."""
@@ -469,7 +472,7 @@ def make_train_step(model_config, optimizer, prompt_loss_weight: float, outcome_
     return step
 
 
-def stage_batches(encoded: Sequence, *, batch_size: int, steps: int, pad_id: int, seed: int, multiple: int = 256):
+def stage_batches(encoded: Sequence, *, batch_size: int, steps: int, pad_id: int, seed: int, multiple: int = 64):
     """`steps` seeded batches like `batches`, each left-padded only to a multiple of `multiple` past its longest row.
 
     The outcome episodes run from ~400 to ~1,100 tokens; padding every batch to the longest of all
@@ -524,7 +527,7 @@ def make_outcome_step(model_config, optimizer, skip: int = 0):
 
 def _outcome_stage(config: MicroWorldConfig, model_config, outcomes, params, opt_state, losses: dict, *,
                    first: int, done: int, pad_id: int, save, save_every: int, progress: bool, replay=None,
-                   skip: int = 0):
+                   skip: int = 0, stop: int | None = None):
     """The world-model stage (`MicroWorldConfig.outcome_stage_steps`); returns the params after it.
 
     Steps are numbered on from the mixed schedule's `first`; `opt_state` is the stage's own when
@@ -532,7 +535,8 @@ def _outcome_stage(config: MicroWorldConfig, model_config, outcomes, params, opt
     an iterator of (episode batch, rule batch) per step, trained on with the mixed schedule's losses
     (`make_train_step`), or None for outcome episodes alone (`make_outcome_step`, `skip` opening tokens
     out of the loss). With `config.outcome_stage_alternate`, the replayed batches get an update of their own
-    after each outcome update instead of joining its gradient.
+    after each outcome update instead of joining its gradient. `stop`: run only the schedule's first
+    `stop` steps (a short build), the schedule unchanged.
     """
     import optax
     from tqdm.auto import tqdm
@@ -575,9 +579,11 @@ def _outcome_stage(config: MicroWorldConfig, model_config, outcomes, params, opt
             losses["outcome_stage_reply_nll"].append(float(nlls[0]))
             return params, opt_state, nlls[-1]
     losses.setdefault("outcome_stage_nll", [])
-    bar = tqdm(stage_batches(outcomes, batch_size=config.outcome_stage_batch_size, steps=steps, pad_id=pad_id,
-                             seed=config.seed + 3), total=steps, desc="world-model stage", disable=not progress,
-               initial=max(0, done - first))
+    stop = steps if stop is None else min(stop, steps)
+    bar = tqdm(itertools.islice(stage_batches(outcomes, batch_size=config.outcome_stage_batch_size, steps=steps,
+                                              pad_id=pad_id, seed=config.seed + 3,
+                                              multiple=config.outcome_stage_pad_multiple), stop),
+               total=stop, desc="world-model stage", disable=not progress, initial=max(0, done - first))
     for j, batch in enumerate(bar):
         if first + j < done:
             if replay is not None:
@@ -586,7 +592,7 @@ def _outcome_stage(config: MicroWorldConfig, model_config, outcomes, params, opt
         params, opt_state, loss = step(params, opt_state, *batch)
         losses["outcome_stage_nll"].append(float(loss))
         bar.set_postfix(outcome_nll=f"{losses['outcome_stage_nll'][-1]:.3f}")
-        if (j + 1) % save_every == 0 and j + 1 < steps:
+        if (j + 1) % save_every == 0 and j + 1 < stop:
             save(params, opt_state, losses, first + j + 1)
     return params
 
@@ -610,7 +616,8 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
     Deterministic for a given config and suite: corpus order, tokenizer,
     initialisation and batch order all follow `config.seed`. `steps` stops
     early without changing the schedule, so the first steps of a short build
-    equal those of the full one (how a rebuild is checked against the log).
+    equal those of the full one (how a rebuild is checked against the log);
+    it counts the mixed schedule's steps, then the world-model stage's.
     """
     import time
 
@@ -677,10 +684,14 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
         if (i + 1) % save_every == 0 and i + 1 < total:
             _save_state(partial, fingerprint, params, opt_state, losses, i + 1)
     bar.close()
-    if config.outcome_stage_steps:
+    # `steps` counts on through the stage: a build cut short in the mixed schedule runs none of it.
+    stage_run = config.outcome_stage_steps if steps is None else max(0, min(config.outcome_stage_steps,
+                                                                           int(steps) - planned))
+    if stage_run:
         params = _outcome_stage(config, model_config, outcomes, params, opt_state if done > total else None, losses,
                                 first=total, done=done, pad_id=pad_id, save=functools.partial(
                                     _save_state, partial, fingerprint), save_every=save_every, progress=progress,
+                                stop=stage_run,
                                 replay=stage_replay(config, encoded, tokenizer, width, pad_id),
                                 skip=len(tokenizer.encode("STATUS:", add_special_tokens=False))
                                 if config.outcome_stage_skip_opening else 0)
@@ -706,7 +717,7 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
                                + config.outcome_batch_size * outcome_width),
         **({"outcome_batch_size": config.outcome_batch_size, "outcome_width": outcome_width}
            if config.outcome_batch_size else {}),
-        **({"outcome_stage_steps": config.outcome_stage_steps,
+        **({"outcome_stage_steps": stage_run,
             "outcome_stage_batch_size": config.outcome_stage_batch_size} if config.outcome_stage_steps else {}),
         "parameters": int(sum(x.size for x in jax.tree.leaves(params))),
         **losses,
@@ -787,7 +798,7 @@ def _load_state(folder: pathlib.Path, fingerprint: str):
 
 
 
-def train_split_check(path, *, per_task: int = 8, seed: int = 0, workers: int = 2) -> dict:
+def train_split_check(path, *, per_task: int = 8, seed: int = 0, workers: int = 2, readout: str | None = None) -> dict:
     """How a built micro-world does on the TRAIN tasks: what picks the shipped seed (held-out tasks never do).
 
     The agent: `per_task` sampled programs per train task at its sampling
@@ -795,12 +806,15 @@ def train_split_check(path, *, per_task: int = 8, seed: int = 0, workers: int = 
     world model: its Spearman against the logged reward on `per_task` logged
     programs per train task (in the agent's form). In-sample for both; it
     ranks builds of the same recipe, it does not measure generalisation.
+    `readout`: how the world model's answer becomes a reward (`WorldModelConfig.readout`; None: the default).
     """
     import sandbox
     from sandbox import suite
     from wmrl_jax import chat, fidelity
 
     config = config_of(path)   # the prompt format the checkpoint was built with
+    if readout is not None:
+        config = dataclasses.replace(config, world_model=dataclasses.replace(config.world_model, readout=readout))
     lm = chat.load_chat_model(path)
     tasks = [sandbox.load_task(p) for p in suite.list_tasks("train")]
     codes = fidelity.sample_solutions(lm, tasks, per_task, config=config.agent, seed=seed)
