@@ -296,7 +296,11 @@ def test_world_model_stage_batches_pad_to_their_own_longest_row():
     assert all(np.array_equal(a[0], b[0]) for a, b in zip(got, again))            # seeded
     for tokens, valid, marks in got:
         longest = valid.sum(axis=1).max()
-        assert tokens.shape[1] == -(-longest // 256) * 256 and marks.dtype == np.int8
+        assert tokens.shape[1] == -(-longest // 64) * 64 and marks.dtype == np.int8
+    # The rows and their order are `batches`' (the mixed schedule's outcome stream switched to this padding).
+    full = micro_world.batches(rows, batch_size=2, steps=6, width=960, pad_id=0, seed=3)
+    for (tokens, valid, _), (wide, wide_valid, _) in zip(got, full):
+        assert np.array_equal(tokens, wide[:, -tokens.shape[1]:]) and not wide_valid[:, :-tokens.shape[1]].any()
     # Every row once an epoch: the first 2 batches of 2 hold each of the 4 rows.
     assert sorted(v.sum() for t, val, _ in got[:2] for v in val) == [100, 300, 600, 900]
 
@@ -351,7 +355,7 @@ def test_world_model_stage_resumes_where_it_was_interrupted(replay):
 
     tokens, valid, marks = next(micro_world.stage_batches(outcomes, batch_size=2, steps=1, pad_id=0,
                                                           seed=config.seed + 3,
-                                                          multiple=config.outcome_stage_pad_multiple))
+                                                          multiple=config.outcome_pad_multiple))
     logp, _ = token_logprobs(params, model_config, qwen35, jnp.asarray(tokens), jnp.asarray(valid))
     logp = np.asarray(logp)
     by_hand = np.mean([-logp[b][marks[b] == 1].mean() for b in range(2)])
@@ -414,3 +418,29 @@ def test_build_script_sets_config_fields_from_the_command_line(launch_script):
                              ("world_model.listing=zigzag", "WorldModelConfig.listing")]:
         with pytest.raises(ValueError, match=message):
             build.config_from_flags([setting], seed=0)
+
+
+def test_outcome_step_projects_the_answer_tail_only_with_the_same_loss_and_update():
+    """`make_outcome_step(tail=answer_tail(...))` (the vocabulary projection on the answers' positions only)
+    gives the loss and update of the full projection (`token_logprobs` over every position)."""
+    import jax
+    import optax
+
+    from wmrl_jax.models import qwen35
+
+    config = micro_world.MicroWorldConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                                          num_kv_heads=1, head_dim=16)
+    model_config = config.model_config(64, eos_id=2, pad_id=0)
+    params = qwen35.init_params(model_config, jax.random.key(0))
+    rng = np.random.default_rng(0)
+    outcomes = [(rng.integers(3, 64, n).astype(np.int32), np.r_[np.full(n - a, 2), np.ones(a)].astype(np.int8))
+                for n, a in ((40, 5), (52, 9), (33, 3))]
+    assert micro_world.answer_tail(outcomes) == 16 and micro_world.answer_tail(outcomes, multiple=1) == 9
+    batch = next(micro_world.stage_batches(outcomes, batch_size=3, steps=1, pad_id=0, seed=0, multiple=64))
+    optimizer = optax.sgd(1.0)   # the update is minus the gradient (Adam would magnify float noise in ~0 entries)
+    results = [micro_world.make_outcome_step(model_config, optimizer, skip=2, tail=tail)(
+        params, optimizer.init(params), *batch) for tail in (None, micro_world.answer_tail(outcomes))]
+    (full_params, _, full_loss), (tail_params, _, tail_loss) = results
+    assert float(tail_loss) == pytest.approx(float(full_loss), rel=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6),
+                 full_params, tail_params)

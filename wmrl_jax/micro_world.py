@@ -161,9 +161,10 @@ class MicroWorldConfig:
     # programs after 100 steps); alternated with four, 100 steps reached 0.65 / 0.39 and 200 steps 0.74 / 0.66 (the
     # lookup table 0.69 / 0.57), the agent 100 % valid on every held-out task (docs/results.md).
     outcome_stage_alternate: bool = False
-    # Each stage batch is padded to a multiple of this past its longest row (`stage_batches`). Padding does not
-    # change the math (left padding, masked); it trades compilations (one per width) for padded compute.
-    outcome_stage_pad_multiple: int = 64
+    # Each outcome batch (the mixed schedule's and the stage's) is padded to a multiple of this past its longest
+    # row (`stage_batches`), not to the longest episode of all. Padding does not change the math (left padding,
+    # masked); it trades compilations (one per width) for padded compute.
+    outcome_pad_multiple: int = 64
 
     def model_config(self, vocab_size: int, eos_id: int, pad_id: int):
         """The Qwen3.5 (hybrid Gated DeltaNet + gated attention) config of the micro-world model."""
@@ -426,14 +427,15 @@ def _answer_nll(logp, valid, marks, skip: int = 0):
 
 
 def make_train_step(model_config, optimizer, prompt_loss_weight: float, outcome_loss_weight: float = 1.0,
-                    outcome_prompt_loss_weight: float = 0.0):
+                    outcome_prompt_loss_weight: float = 0.0, outcome_tail: int | None = None):
     """A jitted step on an episode batch, a rule batch and (optionally) an outcome batch.
 
     Loss: the episodes' mean reply-token NLL + `prompt_loss_weight` x their
     mean prompt-token NLL + the rule examples' mean reply-token NLL (+
     `outcome_loss_weight` x the mean over outcome episodes of each one's mean
     answer-token NLL + `outcome_prompt_loss_weight` x the mean prompt-token
-    NLL of those whose program ran valid; see `outcome_marks`).
+    NLL of those whose program ran valid; see `outcome_marks`). `outcome_tail`: as
+    `make_outcome_step`'s `tail`, used when the outcome prompts carry no loss.
     """
     import jax
     import jax.numpy as jnp
@@ -453,6 +455,9 @@ def make_train_step(model_config, optimizer, prompt_loss_weight: float, outcome_
 
     def loss_with_outcomes(params, episodes, rules, outcomes):
         loss, nlls = loss_fn(params, episodes, rules)
+        if not outcome_prompt_loss_weight:
+            outcome_nll = _tail_answer_nll(params, model_config, *outcomes, tail=outcome_tail)
+            return loss + outcome_loss_weight * outcome_nll, (*nlls, outcome_nll)
         logp, _ = token_logprobs(params, model_config, qwen35, *outcomes[:2])
         valid, marks = outcomes[1:]
         outcome_nll = _answer_nll(logp, valid, marks)
@@ -500,21 +505,52 @@ def stage_replay(config: MicroWorldConfig, encoded: Sequence, tokenizer, width: 
                        seed=config.seed + 4), rule_batches)
 
 
-def make_outcome_step(model_config, optimizer, skip: int = 0):
+def answer_tail(outcomes: Sequence, multiple: int = 8) -> int:
+    """The fewest trailing positions that hold every outcome episode's answer (marks 1), rounded up to `multiple`.
+
+    Left-padded, each episode's answer is its tail: the outcome loss needs the model's logits there only.
+    """
+    longest = max(len(ids) - int(np.argmax(marks == 1)) for ids, marks in outcomes)
+    return -(-longest // multiple) * multiple
+
+
+def _tail_answer_nll(params, model_config, tokens, valid, marks, skip: int = 0, tail: int | None = None):
+    """`_answer_nll` of an outcome batch, the vocabulary projection run on its last `tail` positions only.
+
+    Left-padded, each episode's answer is its tail (`answer_tail`): the loss reads no logit before it.
+    None (or a batch no wider than the tail): the projection over every position (`token_logprobs`).
+    """
+    import jax.numpy as jnp
+
+    from wmrl_jax.logprobs import logprob_and_entropy, token_logprobs
+    from wmrl_jax.models import qwen35
+    from wmrl_jax.models.layers import positions_from_valid
+
+    if tail is None or tail + 1 >= tokens.shape[1]:
+        logp, _ = token_logprobs(params, model_config, qwen35, tokens, valid)
+        return _answer_nll(logp, valid, marks, skip)
+    valid = valid.astype(bool)
+    hidden, _ = qwen35.forward(params, model_config, tokens, positions_from_valid(valid), valid, None)
+    logits = qwen35.unembed(params, model_config, hidden[:, -tail - 1:-1]).astype(jnp.float32)
+    logp, _ = logprob_and_entropy(logits, tokens[:, -tail:])   # position t is predicted at t - 1
+    answer = (_scored(valid) & (marks == 1) & (jnp.cumsum(marks == 1, axis=1) > skip))[:, -tail:]
+    return jnp.mean(_token_mean(logp, answer, axis=1))
+
+
+def make_outcome_step(model_config, optimizer, skip: int = 0, tail: int | None = None):
     """A jitted step on outcome episodes alone: the mean over episodes of each one's mean answer-token NLL.
 
     `skip`: leading answer tokens left out of the loss (the answer's fixed opening, ``STATUS:``: every
     outcome answer starts with it, and trained on alone it becomes every reply's opening, the agent's too).
+    `tail`: every answer lies in the batch's last `tail` positions (`answer_tail`); the vocabulary
+    projection then runs there only (same loss: the loss reads no logit before the answer) instead of over
+    the whole ~1k-token prompt. None: over every position (`token_logprobs`).
     """
     import jax
     import optax
 
-    from wmrl_jax.logprobs import token_logprobs
-    from wmrl_jax.models import qwen35
-
     def loss_fn(params, tokens, valid, marks):
-        logp, _ = token_logprobs(params, model_config, qwen35, tokens, valid)
-        return _answer_nll(logp, valid, marks, skip)
+        return _tail_answer_nll(params, model_config, tokens, valid, marks, skip, tail)
 
     @jax.jit
     def step(params, opt_state, tokens, valid, marks):
@@ -557,9 +593,9 @@ def _outcome_stage(config: MicroWorldConfig, model_config, outcomes, params, opt
     if replay is not None:
         losses.setdefault("outcome_stage_reply_nll", [])   # the replayed episodes' reply loss, a step each
     if replay is None:
-        step = make_outcome_step(model_config, optimizer, skip)
+        step = make_outcome_step(model_config, optimizer, skip, answer_tail(outcomes))
     elif alternate:
-        outcome_step = make_outcome_step(model_config, optimizer, skip)
+        outcome_step = make_outcome_step(model_config, optimizer, skip, answer_tail(outcomes))
         mixed = make_train_step(model_config, optimizer, config.prompt_loss_weight)
 
         def step(params, opt_state, *batch):
@@ -571,7 +607,7 @@ def _outcome_stage(config: MicroWorldConfig, model_config, outcomes, params, opt
         # The replayed episodes carry their reply loss only: the stage keeps the agent's replies, it does not
         # go on teaching the prompts' text.
         mixed = make_train_step(model_config, optimizer, 0.0, config.outcome_loss_weight,
-                                config.outcome_prompt_loss_weight)
+                                config.outcome_prompt_loss_weight, answer_tail(outcomes))
 
         def step(params, opt_state, *batch):
             episodes, rules = next(replay)
@@ -582,7 +618,7 @@ def _outcome_stage(config: MicroWorldConfig, model_config, outcomes, params, opt
     stop = steps if stop is None else min(stop, steps)
     bar = tqdm(itertools.islice(stage_batches(outcomes, batch_size=config.outcome_stage_batch_size, steps=steps,
                                               pad_id=pad_id, seed=config.seed + 3,
-                                              multiple=config.outcome_stage_pad_multiple), stop),
+                                              multiple=config.outcome_pad_multiple), stop),
                total=stop, desc="world-model stage", disable=not progress, initial=max(0, done - first))
     for j, batch in enumerate(bar):
         if first + j < done:
@@ -649,19 +685,26 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
     rule_width = -(-max(len(ids) for ids, _ in rules) // 32) * 32
     rule_batches = (_pad_rows(rules[i * config.rule_batch_size:(i + 1) * config.rule_batch_size], rule_width, pad_id)
                     for i in range(total))
-    step = make_train_step(model_config, optimizer, config.prompt_loss_weight, config.outcome_loss_weight,
-                           config.outcome_prompt_loss_weight)
     losses = {"reply_nll": [], "prompt_nll": [], "rule_nll": []}
     outcome_batches = itertools.repeat(None)
-    outcome_width = 0
+    outcome_widths = []   # each outcome batch's padded width, for the log's tokens a step
+    tail = None
     if config.outcome_batch_size or config.outcome_stage_steps:
         outcome_eps = outcome_examples(config, root=root)
         outcomes = outcome_marks(encode_examples(tokenizer, outcome_eps), [kind for *_, kind in outcome_eps])
+        tail = answer_tail(outcomes)
     if config.outcome_batch_size:
-        outcome_width = -(-max(len(ids) for ids, _ in outcomes) // 32) * 32
-        outcome_batches = batches(outcomes, batch_size=config.outcome_batch_size, steps=total, width=outcome_width,
-                                  pad_id=pad_id, seed=config.seed + 2)
+        def padded(batches):
+            for batch in batches:
+                outcome_widths.append(batch[0].shape[1])
+                yield batch
+
+        outcome_batches = padded(stage_batches(outcomes, batch_size=config.outcome_batch_size, steps=total,
+                                               pad_id=pad_id, seed=config.seed + 2,
+                                               multiple=config.outcome_pad_multiple))
         losses["outcome_nll"] = []
+    step = make_train_step(model_config, optimizer, config.prompt_loss_weight, config.outcome_loss_weight,
+                           config.outcome_prompt_loss_weight, tail)
     # Resumable: every `save_every` steps the training state goes to <out>.partial/ (atomically); a rerun of
     # the same build (same config and corpus) continues from there on the same batch sequence.
     partial = out_dir.with_name(out_dir.name + ".partial")
@@ -714,8 +757,8 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
         "seed": config.seed, "steps": total, "planned_steps": planned, "batch_size": config.batch_size, "width": width,
         "tokenizer_vocab": len(tokenizer), "vocab_size": padded, "rule_batch_size": config.rule_batch_size, "rule_width": rule_width, "examples": counts,
         "tokens_per_step": int(config.batch_size * width + config.rule_batch_size * rule_width
-                               + config.outcome_batch_size * outcome_width),
-        **({"outcome_batch_size": config.outcome_batch_size, "outcome_width": outcome_width}
+                               + config.outcome_batch_size * np.mean(outcome_widths or [0])),
+        **({"outcome_batch_size": config.outcome_batch_size, "outcome_width": int(max(outcome_widths or [0]))}
            if config.outcome_batch_size else {}),
         **({"outcome_stage_steps": stage_run,
             "outcome_stage_batch_size": config.outcome_stage_batch_size} if config.outcome_stage_steps else {}),
