@@ -5,13 +5,16 @@
     python launch/build_micro_world.py --out /tmp/mw --steps 3
     python launch/build_micro_world.py --out /tmp/mw --set=outcome_stage_steps=200 --set=world_model.listing=comment
 
-One build takes about 8-9 minutes on 2 idle CPU cores; deterministic for a
-given seed and code (build_log.json records every step's loss) and resumable
-(started again with the same flags it continues from `<out>.partial`). With
-several seeds, each is built into `<out>.seed<k>` and checked
-on the TRAIN tasks only (`micro_world.train_split_check`: the agent's valid
-rate, then the world model's Spearman on logged train programs); the best
-is copied to `--out`. The held-out tasks never choose the shipped weights.
+The default recipe (the first micro-world's) takes about 8-9 minutes on 2
+idle CPU cores; with the outcome stream and the world-model stage set
+(docs/results.md) about 45. Deterministic for a given seed, --set and code
+(build_log.json records every step's loss) and resumable (started again
+with the same flags it continues from `<out>.partial`). With several
+seeds, each is built into `<out>.seed<k>` and checked on the TRAIN tasks
+only (`micro_world.train_split_check`, with the recipe's world-model
+readout: the agent's valid rate, then the world model's Spearman on logged
+train programs); the best is copied to `--out`. The held-out tasks never
+choose the shipped weights.
 """
 
 from __future__ import annotations
