@@ -2,6 +2,7 @@
 
     python launch/bench_micro_world_step.py              # micro-world size, its real corpus batches, 2 cores
     python launch/bench_micro_world_step.py --steps=2    # quicker, noisier
+    python launch/bench_micro_world_step.py --quick      # a tiny model on 64 episodes: runs, not timed
 
 Two steps dominate a build with the outcome stream and the world-model stage
 (`MicroWorldConfig.outcome_batch_size`, `outcome_stage_*`):
@@ -33,11 +34,15 @@ import bench_common  # noqa: F401  (quiets absl/JAX INFO logs)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def main() -> None:
+def main(argv=None) -> dict:
+    """Prints the table; returns {step name: (peer s, our s, peer mean loss, our mean loss)}."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=4, help="timed batches a pass")
     parser.add_argument("--repeats", type=int, default=2, help="passes a side; the best is kept")
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="a tiny model on 64 outcome episodes, 1 step")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.repeats = 1, 1
 
     import jax
     import jax.numpy as jnp
@@ -48,6 +53,9 @@ def main() -> None:
     from wmrl_jax.models import load_tokenizer, qwen35
 
     config = mw.MicroWorldConfig()
+    if args.quick:
+        config = dataclasses.replace(config, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1,
+                                     head_dim=16)
     config = dataclasses.replace(config, world_model=dataclasses.replace(config.world_model, listing="comment",
                                                                          inventory="columns"))
     tokenizer = load_tokenizer(mw.shipped_path())   # any tokenizer of the suite's text times the same
@@ -59,6 +67,8 @@ def main() -> None:
 
     eps = mw.outcome_examples(config)
     outcomes = mw.outcome_marks(mw.encode_examples(tokenizer, eps), [kind for *_, kind in eps])
+    if args.quick:
+        outcomes = outcomes[:64]
     tail = mw.answer_tail(outcomes)
     encoded = mw.encode_examples(tokenizer, [e for e in mw.training_examples(config)])
     width = -(-max(len(ids) for ids, _ in encoded) // 32) * 32
@@ -105,9 +115,13 @@ def main() -> None:
 
     print(f"{'step':<48} {'peer s':>8} {'ours s':>8} {'speed-up':>9} {'outcome width peer/ours':>24} "
           f"{'outcome loss peer/ours (same rows)':>36}")
+    results = {}
     for name, (peer_s, peer_l, peer_w), (our_s, our_l, our_w), loss in rows:
+        peer_loss, our_loss = (float(np.mean([loss(x) for x in ls])) for ls in (peer_l, our_l))
         print(f"{name:<48} {peer_s:8.2f} {our_s:8.2f} {peer_s / our_s:8.2f}x {peer_w:11.0f} / {our_w:<10.0f} "
-              f"{np.mean([loss(x) for x in peer_l]):17.5f} / {np.mean([loss(x) for x in our_l]):.5f}")
+              f"{peer_loss:17.5f} / {our_loss:.5f}")
+        results[name] = (peer_s, our_s, peer_loss, our_loss)
+    return results
 
 
 if __name__ == "__main__":

@@ -444,3 +444,12 @@ def test_outcome_step_projects_the_answer_tail_only_with_the_same_loss_and_updat
     assert float(tail_loss) == pytest.approx(float(full_loss), rel=1e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6),
                  full_params, tail_params)
+
+
+def test_bench_micro_world_step_quick_runs_and_agrees(launch_script):
+    """launch/bench_micro_world_step.py --quick end to end (not timed: figures come from the script itself):
+    both steps run on both sides, and the same rows give the same outcome loss however they are padded."""
+    results = launch_script("bench_micro_world_step").main(["--quick"])
+    assert len(results) == 2
+    for peer_s, our_s, peer_loss, our_loss in results.values():
+        assert peer_s > 0 and our_s > 0 and our_loss == pytest.approx(peer_loss, rel=1e-5)
