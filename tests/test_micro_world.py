@@ -446,6 +446,7 @@ def test_outcome_step_projects_the_answer_tail_only_with_the_same_loss_and_updat
                  full_params, tail_params)
 
 
+@pytest.mark.slow   # ~1-3 min: it renders the whole outcome corpus before taking 64 episodes of it
 def test_bench_micro_world_step_quick_runs_and_agrees(launch_script):
     """launch/bench_micro_world_step.py --quick end to end (not timed: figures come from the script itself):
     both steps run on both sides, and the same rows give the same outcome loss however they are padded."""
