@@ -592,10 +592,11 @@ def _outcome_stage(config: MicroWorldConfig, model_config, outcomes, params, opt
     opt_state = optimizer.init(params) if opt_state is None else opt_state
     if replay is not None:
         losses.setdefault("outcome_stage_reply_nll", [])   # the replayed episodes' reply loss, a step each
+    tail = answer_tail(outcomes)
     if replay is None:
-        step = make_outcome_step(model_config, optimizer, skip, answer_tail(outcomes))
+        step = make_outcome_step(model_config, optimizer, skip, tail)
     elif alternate:
-        outcome_step = make_outcome_step(model_config, optimizer, skip, answer_tail(outcomes))
+        outcome_step = make_outcome_step(model_config, optimizer, skip, tail)
         mixed = make_train_step(model_config, optimizer, config.prompt_loss_weight)
 
         def step(params, opt_state, *batch):
@@ -607,7 +608,7 @@ def _outcome_stage(config: MicroWorldConfig, model_config, outcomes, params, opt
         # The replayed episodes carry their reply loss only: the stage keeps the agent's replies, it does not
         # go on teaching the prompts' text.
         mixed = make_train_step(model_config, optimizer, 0.0, config.outcome_loss_weight,
-                                config.outcome_prompt_loss_weight, answer_tail(outcomes))
+                                config.outcome_prompt_loss_weight, tail)
 
         def step(params, opt_state, *batch):
             episodes, rules = next(replay)
