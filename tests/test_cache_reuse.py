@@ -67,8 +67,10 @@ def _prompts(seed=0):
 def _assert_same(ref, got, what):
     assert got.tokens == ref.tokens, what
     np.testing.assert_array_equal(got.finished, ref.finished, err_msg=what)
+    # float32 rounding of two exact paths (the DeltaNet state carried vs recomputed): up to 3.6e-5 measured on
+    # one AMD EPYC host (2e-5 failed there on unchanged code); a cache bug moves log-probs by O(1).
     for row, (a, b) in enumerate(zip(ref.logprobs, got.logprobs)):
-        np.testing.assert_allclose(b, a, atol=2e-5, rtol=0, err_msg=f"{what}, row {row}")
+        np.testing.assert_allclose(b, a, atol=1e-4, rtol=0, err_msg=f"{what}, row {row}")
 
 
 @pytest.mark.parametrize("mode", sorted(KNOBS))
