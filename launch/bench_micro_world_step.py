@@ -70,7 +70,7 @@ def main(argv=None) -> dict:
     if args.quick:
         outcomes = outcomes[:64]
     tail = mw.answer_tail(outcomes)
-    encoded = mw.encode_examples(tokenizer, [e for e in mw.training_examples(config)])
+    encoded = mw.encode_examples(tokenizer, mw.training_examples(config))
     width = -(-max(len(ids) for ids, _ in encoded) // 32) * 32
     rules = mw.encode_examples(tokenizer, mw.rule_examples(8, 1))
     rule_batch = mw._pad_rows(rules, -(-max(len(ids) for ids, _ in rules) // 32) * 32, pad_id)
@@ -94,7 +94,7 @@ def main(argv=None) -> dict:
             jax.block_until_ready(out)
             best = min(best, (time.perf_counter() - start) / args.steps)
             losses = out
-        return best, losses, np.mean([b[0].shape[1] for b in batches[1:]]) if batches[0][0].ndim == 2 else None
+        return best, losses, np.mean([b[0].shape[1] for b in batches[1:]])
 
     rows = []
     # The mixed step with an outcome batch of 8.
