@@ -2,8 +2,8 @@
 
     python launch/train.py --config=configs/tiny_cpu.py
 
-Cost: 4 min 52 s on 2 CPU cores (measured alone, fresh venv; held-out avg@4 53.38 % -> 55.00 %):
-12 steps of 4 tasks x 4 rollouts with a 3.9M-parameter
+Cost: 4 min 50 s on 2 CPU cores (measured alone; held-out avg@4 49.88 % -> 56.75 %):
+12 steps of 4 tasks x 4 rollouts with a 4.0M-parameter
 Qwen3.5-style model, 1 group a step run for real in 2 sandboxes, avg@4 on the 4 held-out tasks
 before and after. Every WMRL mechanism runs: real anchors, world-model rewards,
 isotonic refits, the inverse-variance weight, checkpoints. Ablation arms:
@@ -45,12 +45,13 @@ def get_config():
     c.sandbox.memory_mb = 2048   # the embedded tasks are small tabular data sets
     c.sandbox.cpus = 1
 
-    # A 3.9M-parameter model moves measurably in 12 steps only at a much higher rate than 1e-6 (tuned
-    # for 4-9B): Adam steps each weight by ~lr, so 2e-5 x 12 is ~1 % of a typical 0.02 weight. Not higher:
-    # at 5e-5 the 12 steps (all rollouts valid) raised the probability that the micro-world starts a
-    # boilerplate line with a line number ("19 | X_test = ..." -- the world model's code listing format)
-    # from 0.055 to 0.91 on star98_math, and held-out avg@4 fell 0.53 -> 0.31 (star98 0/4 valid); at 2e-5
-    # it rose to 0.13 and held-out avg@4 went 0.53 -> 0.55, 16/16 valid (kl_coef 0.2 at 5e-5: 0.34).
+    # A 4M-parameter model moves measurably in 12 steps only at a much higher rate than 1e-6 (tuned
+    # for 4-9B): Adam steps each weight by ~lr, so 2e-5 x 12 is ~1 % of a typical 0.02 weight. Not higher
+    # (measured on the first micro-world): at 5e-5 the 12 steps raised the probability that it starts a
+    # boilerplate line with a line number ("19 | X_test = ..." -- its world model's code listing format)
+    # from 0.055 to 0.91 on star98_math, and held-out avg@4 fell 0.53 -> 0.31; at 2e-5 it went 0.53 -> 0.55
+    # (kl_coef 0.2 at 5e-5: 0.34). The shipped micro-world's listing puts line numbers in trailing comments,
+    # where no line of the agent's starts; at 2e-5 its held-out avg@4 went 0.499 -> 0.568, 16/16 valid.
     c.optim.learning_rate = 2e-5
     c.optim.warmup_steps = 2
     c.optim.micro_batches = 1    # 16 x ~1k tokens of a 256-wide model fit in memory at once

@@ -21,9 +21,16 @@ import pytest  # noqa: E402
 
 @pytest.fixture
 def launch_script(monkeypatch):
-    """load(name) -> the module launch/<name>.py, imported as `python launch/<name>.py` runs it (launch/ on the path)."""
+    """load(name) -> the module launch/<name>.py, imported as `python launch/<name>.py` runs it (launch/ on the path).
+
+    The absl flags a script defines are removed again after the test: scripts share flag names (`--seeds`,
+    `--out`), and a test process (an xdist worker) runs many test files one after another.
+    """
+    from absl import flags
+
     launch = pathlib.Path(__file__).resolve().parents[1] / "launch"
     monkeypatch.syspath_prepend(str(launch))  # the scripts import bench_common from beside them
+    defined = set(flags.FLAGS)
 
     def load(name: str):
         spec = importlib.util.spec_from_file_location(name, launch / f"{name}.py")
@@ -31,4 +38,6 @@ def launch_script(monkeypatch):
         spec.loader.exec_module(module)
         return module
 
-    return load
+    yield load
+    for name in set(flags.FLAGS) - defined:
+        delattr(flags.FLAGS, name)

@@ -207,9 +207,8 @@ def test_sampled_solutions_on_held_out_tasks_run_valid_with_mixed_quality(lm, he
     """The base model writes runnable code on tasks it never saw (>= 60 % valid on each
     held-out task), of mixed quality: the valid ones rank from the bottom to the top of the leaderboards.
 
-    8 samples a task at the shipped sampling settings (seed 0). When this build shipped, 64 samples a
-    task (seed 0) ran valid 63, 64, 64 and 64 times (star98_math, hastie_signal, two_moons_noisy,
-    wide_linear_signal).
+    8 samples a task at the shipped sampling settings (seed 0). When this build shipped, 16 samples a
+    task (`launch/wm_fidelity.py`, seed 0) ran valid 16 of 16 times on each of the four held-out tasks.
     """
     per_task = 8
     one_turn = dataclasses.replace(CONFIG.agent, max_turns=1)
@@ -236,7 +235,7 @@ def test_world_model_answers_parse_on_held_out_logged_solutions(lm, heldout):
 
 
 def test_padded_vocabulary_ids_are_masked_and_never_sampled():
-    """The shipped embedding has 2048 rows for 1991 tokens; the 57 zero rows must never be sampled.
+    """The shipped embedding has 2112 rows for 2095 tokens; the 17 zero rows must never be sampled.
 
     Unmasked, a zero row's logit is 0, above the median real logit (~-2): at temperature 1 the padding
     took up to 3.6 % of a step's mass in the agent's own code. `load_chat_model` masks ids past the
@@ -247,7 +246,7 @@ def test_padded_vocabulary_ids_are_masked_and_never_sampled():
 
     lm = chat.load_chat_model(micro_world.shipped_path())
     n, vocab = len(lm.tokenizer), lm.model.config.vocab_size
-    assert lm.model.config.token_count == n and n < vocab == 2048, (n, vocab)
+    assert lm.model.config.token_count == n and n < vocab == 2112, (n, vocab)
     ids = lm.prompt_ids([{"role": "user", "content": "Plan: regression task"}])
     masked = np.asarray(lm.model.logits(np.array([ids])))
     assert (masked[..., n:] == layers.PADDED_LOGIT).all() and masked[..., :n].max() > 0
@@ -265,7 +264,10 @@ def test_padded_vocabulary_ids_are_masked_and_never_sampled():
 
 
 def test_config_of_reads_the_prompt_format_a_checkpoint_was_built_with(tmp_path):
-    assert micro_world.config_of(SHIPPED) == micro_world.MicroWorldConfig()   # its log predates the record: defaults
+    shipped = json.loads((SHIPPED / micro_world.BUILD_LOG).read_text())[micro_world.PROMPT_FORMAT]
+    assert micro_world.prompt_format(micro_world.config_of(SHIPPED)) == shipped
+    (tmp_path / micro_world.BUILD_LOG).write_text(json.dumps({"steps": 248}))   # the first micro-world's log
+    assert micro_world.prompt_format(micro_world.config_of(tmp_path)) == micro_world.FIRST_PROMPT_FORMAT
     recorded = {"listing": "comment", "inventory": "columns", "inventory_chars": 640}
     (tmp_path / micro_world.BUILD_LOG).write_text(json.dumps({micro_world.PROMPT_FORMAT: recorded}))
     config = micro_world.config_of(tmp_path)

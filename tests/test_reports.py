@@ -108,3 +108,28 @@ def test_tensorboard_scalars_and_text_read_back(tmp_path):
     got = read_scalars(tmp_path)
     assert got["reward/real_mean"][0] == (1, 0.5) and np.isnan(got["reward/real_mean"][1][1])
     assert got["wmrl/anchor_weight"] == [(1, 1.0)] and "skipped" not in got
+
+
+def test_step_scalars_report_what_the_world_model_groups_teach():
+    """Mean |advantage| of anchor and world-model rollouts in the loss, and the calibrated rewards' spread
+    within world-model groups, against numbers worked by hand."""
+    import types
+
+    from wmrl_jax.train.report import step_scalars
+    from wmrl_jax.train.rewards import Scores
+    from wmrl_jax.train.run import Counters
+
+    graded = np.array([[True, True, True], [True, True, False], [True, True, True]])
+    scores = Scores(wm_rewards=np.full((3, 3), 0.5), wm_graded=graded, real_rewards=np.zeros((3, 3)),
+                    real_graded=np.array([[True] * 3, [False] * 3, [False] * 3]),
+                    is_anchor=np.array([True, False, False]), real_results={}, wm_predictions=[], times={})
+    out = types.SimpleNamespace(
+        rewards=np.array([[1.0, 0.0, 0.5], [0.7, 0.9, 0.0], [0.6, 0.6, 0.6]]), graded=graded,
+        used=np.array([True, True, True]),
+        advantages=np.array([[2.0, -2.0, 0.0], [-1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]),
+        anchor_fraction=1 / 3, calibrated=1.0, bias_reduction=0.0, anchor_weight=1.0, disagreement=0.0,
+        pairs_in_buffer=3)
+    s = step_scalars(scores, out, [], {}, Counters(), {})
+    assert s["advantage/anchor_abs_mean"] == pytest.approx(4 / 3)
+    assert s["advantage/world_model_abs_mean"] == pytest.approx(2 / 5)   # 1, 1 (group 1's two), 0, 0, 0
+    assert s["wmrl/calibrated_group_sd"] == pytest.approx((0.1 + 0.0) / 2)   # sd of (0.7, 0.9); a flat group

@@ -30,21 +30,22 @@ It learns from three corpora. The first two are written from the suite's
   trained on twelve tasks alone, the model reads the task type off the task it
   recognises, which says nothing on a task it has never seen.
 
-The result is imperfect in the way WMRL needs: a small model that imitates a
-few dozen solution templates writes runnable code of mixed quality, and as a
-world model it is useful but biased -- it has seen mostly valid solutions and
-only train tasks, so it over-rates code unlike its training data and mis-ranks
-quality on held-out tasks.
+The result is imperfect in the way WMRL needs. The shipped build (seed 0 of
+the default recipe: the mixed schedule with the outcome stream, then 200
+alternating world-model stage steps; docs/results.md) writes valid programs
+on every held-out attempt, of mixed quality; as a world model it catches the
+failing held-out programs and reads ~90 % of the valid ones as valid, but
+ranks quality below a lookup table of estimator classes (held-out Spearman
+0.46 on logged programs, 0.19 on the agent's own, against the table's 0.69 /
+0.64): a biased, noisy reward that the corrections have to work on.
 
 Training is deterministic (fixed corpus order, fixed seed): two builds from
-the same code give byte-identical weights, and the build log records every
-step's loss so a rebuild can be checked step by step. The outcome is
-sensitive to float rounding, though: the shipped weights were trained before
-the blocked attention got its recompute backward (equal to rounding); a build
-from today's code matches the shipped log for three steps, then drifts, and
-its held-out valid rate was 24 of 32 attempts against the shipped 32 of 32.
-Held-out behaviour is a property of these weights, measured on them, not a
-guarantee of the recipe.
+the same code on the same CPU give the same weights, and the build log
+records every step's loss so a rebuild can be checked step by step. The
+outcome is sensitive to float rounding and to small changes of the recipe,
+though (builds that differed only in the stage's length, batch or starting
+point ranked held-out logged programs at 0.46 to 0.74): held-out behaviour is
+a property of these weights, measured on them, not a guarantee of the recipe.
 """
 
 from __future__ import annotations
@@ -94,7 +95,12 @@ class MicroWorldConfig:
         # 0.6: held-out valid rates 31/50/75/25 % (16 samples a task), against 19/31/38/6 % at 1.0.
         temperature=0.6, timeout_s=120.0)
     world_model: world_model.WorldModelConfig = world_model.WorldModelConfig(
-        overview_chars=600, inventory_chars=200, code_chars=2400, max_new_tokens=48)
+        overview_chars=600, inventory_chars=200, code_chars=2400, max_new_tokens=48,
+        # Code listed with trailing line comments (``X = ...  # 19``), not ``19 | X = ...``: trained on the
+        # prefix listing, the agent learnt to number its own lines under GRPO (P("19") at a boilerplate line
+        # 0.055 -> 0.91 in 12 steps at lr 5e-5). Every column with dtype and gaps, one line a file. The expected
+        # readout: the ladder's expectation under the model's P(status) and P(bucket), no sampling noise.
+        listing="comment", inventory="columns", readout="expected")
     vocab_size: int = 4096       # byte-level BPE trained on the corpus (Qwen3.5's own has 248k)
     # The shipped embedding has the tokenizer's vocabulary rounded up to a multiple of this (as Qwen's
     # checkpoints pad theirs), so it and the LM head shard by vocabulary over any tensor axis up to 64
@@ -126,30 +132,32 @@ class MicroWorldConfig:
     rule_batch_size: int = 8   # rule examples (`rule_examples`, ~150 tokens) beside each batch of episodes
     world_model_valid_per_task: int = 24  # plus every failed run (about 4 a task) in the world-model corpus
     prompt_loss_weight: float = 1.0  # prompt tokens are training text too (the cost of the forward is paid anyway)
-    # The outcome stream (0: none, the first micro-world's recipe). World-model episodes of every logged train
+    # The outcome stream (0: none, the first micro-world's recipe; 8: the shipped one's). World-model episodes of every logged train
     # run and of the execution corpus (`outcome_examples`), this many a step beside the mixed batch, with a
     # loss of their own: the mean over episodes of each one's mean answer-token NLL, times the weight. No
     # loss on their prompts: those hold mutants (wrong code, on purpose), which must not become the agent's
     # training text; and mixed into one token mean, an answer's two deciding tokens (status, quality) carry
     # ~1/1000 of a batch's loss.
-    outcome_batch_size: int = 0
+    outcome_batch_size: int = 8
     outcome_loss_weight: float = 1.0
     # x the mean prompt-token NLL of the outcome episodes whose program ran valid (the agent's kind of code:
     # reading it trains what the answer needs); a failing program's prompt never carries loss.
     outcome_prompt_loss_weight: float = 0.0
     # The world-model stage (0: none): after the mixed schedule, this many steps of outcome episodes alone
-    # (`outcome_stage_batch_size` a step, each padded only to a multiple of 256 past its batch's longest), the
+    # (`outcome_stage_batch_size` a step, padded as `outcome_pad_multiple` says), the
     # same answer-only loss, with an optimizer of its own (warm-up, cosine to 10 % of
     # `outcome_stage_learning_rate`). The mixed schedule leaves the world model under-fitted -- on the
     # train tasks' own logged programs its rewards do not rank real ones -- while its agent is done.
-    outcome_stage_steps: int = 0
-    outcome_stage_batch_size: int = 16
+    # 200 steps of 12 (not 16) keep the build inside 45 min on 2 cores: the mixed schedule takes ~20 min
+    # (4.1-4.5 s a step), each alternating stage step ~6 s (2,501 s in all, docs/results.md).
+    outcome_stage_steps: int = 200
+    outcome_stage_batch_size: int = 12
     outcome_stage_learning_rate: float = 5e-4
     # Episodes of the mixed corpus (and `rule_batch_size` rule examples) replayed in each stage step, with the
     # mixed schedule's losses. Without them the stage teaches every reply to open with "STATUS:": 150 steps of
     # outcome episodes alone took the third build's agent from 88-94 % valid held-out programs to 0 % (all
     # malformed) while its world model's held-out Spearman rose from 0.33 to 0.84 on logged programs.
-    outcome_stage_replay: int = 2
+    outcome_stage_replay: int = 4
     # Without replay, or with it alternated (`outcome_stage_alternate`): leave the answers' fixed opening
     # (``STATUS:``) out of the outcome updates' loss, so that the stage does not teach it as every reply's
     # opening (`make_outcome_step`). The summed replay step does not use it.
@@ -160,7 +168,7 @@ class MicroWorldConfig:
     # kept the agent and held the world model back (held-out Spearman 0.50 logged, 0.10 on the agent's own
     # programs after 100 steps); alternated with four, 100 steps reached 0.65 / 0.39 and 200 steps 0.74 / 0.66 (the
     # lookup table 0.69 / 0.57), the agent 100 % valid on every held-out task (docs/results.md).
-    outcome_stage_alternate: bool = False
+    outcome_stage_alternate: bool = True
     # Each outcome batch (the mixed schedule's and the stage's) is padded to a multiple of this past its longest
     # row (`stage_batches`), not to the longest episode of all. Padding does not change the math (left padding,
     # masked); it trades compilations (one per width) for padded compute.
@@ -785,6 +793,9 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
 PROMPT_FORMAT = "world_model_prompt"
 # The world-model prompt settings a checkpoint was trained on: asked in another form, it answers worse.
 _PROMPT_FIELDS = ("overview_chars", "inventory_chars", "code_chars", "listing", "inventory")
+# The first micro-world's (its build log predates the record): numbered-prefix listing, the agent's inventory.
+FIRST_PROMPT_FORMAT = {"overview_chars": 600, "inventory_chars": 200, "code_chars": 2400, "listing": "prefix",
+                       "inventory": "agent"}
 
 
 def prompt_format(config: MicroWorldConfig) -> dict:
@@ -795,15 +806,15 @@ def prompt_format(config: MicroWorldConfig) -> dict:
 def config_of(path=None) -> MicroWorldConfig:
     """The `MicroWorldConfig` whose world-model prompt format the checkpoint at `path` was built with.
 
-    Read from its build log (`PROMPT_FORMAT`); a checkpoint whose log does
-    not record it (the first micro-world) was built with the defaults. Not a
+    Read from its build log (`PROMPT_FORMAT`); a log that does not record it
+    comes from the first micro-world, built with `FIRST_PROMPT_FORMAT`. Not a
     micro-world folder (no build log): the defaults.
     """
     log_path = pathlib.Path(path or shipped_path()) / BUILD_LOG
     config = MicroWorldConfig()
     if not log_path.is_file():
         return config
-    recorded = json.loads(log_path.read_text()).get(PROMPT_FORMAT) or {}
+    recorded = json.loads(log_path.read_text()).get(PROMPT_FORMAT) or FIRST_PROMPT_FORMAT
     unknown = sorted(set(recorded) - set(_PROMPT_FIELDS))
     if unknown:
         raise ValueError(f"{log_path}: unknown world-model prompt fields {unknown}; expected some of {_PROMPT_FIELDS}")

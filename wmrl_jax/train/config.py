@@ -7,6 +7,8 @@ in a 3200-step run fails in a second, not after an hour of sampling.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import pathlib
 
@@ -111,11 +113,9 @@ def agent_config(config):
 
 def world_model_config(config):
     """The `world_model.WorldModelConfig` of a run config."""
+    # Every field the run config sets (a field listed by hand here once dropped `readout` silently).
     w = config.world_model
-    return WorldModelConfig(overview_chars=w.overview_chars, inventory_chars=w.inventory_chars,
-                            code_chars=w.code_chars, max_new_tokens=w.max_new_tokens, temperature=w.temperature,
-                            top_p=w.top_p, top_k=w.top_k, num_samples=w.num_samples, design=w.design,
-                            listing=w.listing, inventory=w.inventory)
+    return WorldModelConfig(**{f.name: w[f.name] for f in dataclasses.fields(WorldModelConfig) if f.name in w})
 
 
 def validate(config, *, device_count: int | None = None) -> None:

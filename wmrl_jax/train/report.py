@@ -71,6 +71,13 @@ def step_scalars(scores: Scores, out, episodes, train_metrics: dict, counters: C
     statuses = [getattr(r, "status", "unknown") for r in scores.real_results.values()]
     wm_status = [p.status for p in scores.wm_predictions]
     nan = float("nan")
+    # What the world-model groups teach: their advantages, and the spread of their calibrated rewards within a
+    # group (a flat calibration map or a blind world model gives every rollout of a group the same reward:
+    # spread 0, advantages 0 -- the group teaches nothing).
+    in_loss = np.asarray(out.graded) & np.asarray(out.used)[:, None]
+    advantages = np.abs(np.asarray(out.advantages))
+    rewards = np.asarray(out.rewards)
+    wm_groups = [rewards[i][in_loss[i]] for i in np.flatnonzero(~scores.is_anchor & np.asarray(out.used))]
     scalars = {
         "reward/real_mean": float(real.mean()) if real.size else nan,
         "reward/wm_raw_mean": float(raw.mean()) if raw.size else nan,
@@ -82,6 +89,11 @@ def step_scalars(scores: Scores, out, episodes, train_metrics: dict, counters: C
         "wmrl/disagreement": float(out.disagreement),
         "wmrl/pairs_in_buffer": float(out.pairs_in_buffer),
         "wmrl/spearman_wm_real": spearman(scores.wm_rewards[both], scores.real_rewards[both]),
+        "advantage/anchor_abs_mean": float(advantages[in_loss & anchor_rows].mean())
+        if (in_loss & anchor_rows).any() else nan,
+        "advantage/world_model_abs_mean": float(advantages[in_loss & ~anchor_rows].mean())
+        if (in_loss & ~anchor_rows).any() else nan,
+        "wmrl/calibrated_group_sd": float(np.mean([g.std() for g in wm_groups])) if wm_groups else nan,
         "agent/valid_rate": statuses.count("valid") / len(statuses) if statuses else nan,
         "agent/wm_valid_rate": wm_status.count("valid") / len(wm_status) if wm_status else nan,
         "agent/has_solution": float(np.mean([e.solution is not None for e in episodes])),
@@ -171,6 +183,10 @@ class RunSummary:
                                   f"centred squared error vs real removed by the map)"),
             ("anchor weight", f"{self.final.get('wmrl/anchor_weight', nan):.3f} (inverse-variance weight on the "
                               f"real groups; 1 = off)"),
+            ("world-model groups, last step", f"calibrated reward sd within a group "
+                                              f"{self.final.get('wmrl/calibrated_group_sd', nan):.4f}, mean |advantage| "
+                                              f"{self.final.get('advantage/world_model_abs_mean', nan):.3f} (0: they "
+                                              f"teach nothing)"),
         ]
         if self.eval_before is not None and self.eval_after is not None:
             k = self.eval_after["attempts"]
