@@ -132,12 +132,12 @@ class MicroWorldConfig:
     rule_batch_size: int = 8   # rule examples (`rule_examples`, ~150 tokens) beside each batch of episodes
     world_model_valid_per_task: int = 24  # plus every failed run (about 4 a task) in the world-model corpus
     prompt_loss_weight: float = 1.0  # prompt tokens are training text too (the cost of the forward is paid anyway)
-    # The outcome stream (0: none, the first micro-world's recipe; 8: the shipped one's). World-model episodes of every logged train
-    # run and of the execution corpus (`outcome_examples`), this many a step beside the mixed batch, with a
-    # loss of their own: the mean over episodes of each one's mean answer-token NLL, times the weight. No
-    # loss on their prompts: those hold mutants (wrong code, on purpose), which must not become the agent's
-    # training text; and mixed into one token mean, an answer's two deciding tokens (status, quality) carry
-    # ~1/1000 of a batch's loss.
+    # The outcome stream (0: none, the first micro-world's recipe; 8: the shipped one's). World-model episodes of
+    # every logged train run and of the execution corpus (`outcome_examples`), this many a step beside the mixed
+    # batch, with a loss of their own: the mean over episodes of each one's mean answer-token NLL, times the
+    # weight. No loss on their prompts: those hold mutants (wrong code, on purpose), which must not become the
+    # agent's training text; and mixed into one token mean, an answer's two deciding tokens (status, quality)
+    # carry ~1/1000 of a batch's loss.
     outcome_batch_size: int = 8
     outcome_loss_weight: float = 1.0
     # x the mean prompt-token NLL of the outcome episodes whose program ran valid (the agent's kind of code:

@@ -183,10 +183,9 @@ class RunSummary:
                                   f"centred squared error vs real removed by the map)"),
             ("anchor weight", f"{self.final.get('wmrl/anchor_weight', nan):.3f} (inverse-variance weight on the "
                               f"real groups; 1 = off)"),
-            ("world-model groups, last step", f"calibrated reward sd within a group "
-                                              f"{self.final.get('wmrl/calibrated_group_sd', nan):.4f}, mean |advantage| "
-                                              f"{self.final.get('advantage/world_model_abs_mean', nan):.3f} (0: they "
-                                              f"teach nothing)"),
+            ("world-model groups, last step",
+             f"calibrated reward sd within a group {self.final.get('wmrl/calibrated_group_sd', nan):.4f}, mean "
+             f"|advantage| {self.final.get('advantage/world_model_abs_mean', nan):.3f} (0: they teach nothing)"),
         ]
         if self.eval_before is not None and self.eval_after is not None:
             k = self.eval_after["attempts"]
