@@ -34,6 +34,9 @@ import bench_common  # noqa: F401  (importing it quiets absl/JAX INFO logs)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "HF checkpoint folder (default: the shipped micro-world).")
+_WM_CHECKPOINT = flags.DEFINE_string(
+    "world_model_checkpoint", None, "The world model's HF checkpoint folder (default: the checkpoint's own "
+    "world_model/ folder if it has one, else the checkpoint itself: the agent's base weights).")
 _SAMPLES = flags.DEFINE_integer("samples_per_task", 16, "Solutions sampled from the model per task.")
 _LOGGED = flags.DEFINE_integer("logged_per_task", 16, "Solutions taken from the suite's execution log per task.")
 _RERUN = flags.DEFINE_bool("rerun_logged", False, "Execute logged solutions again instead of using the log.")
@@ -61,7 +64,9 @@ def main(argv):
 
     mw = micro_world.config_of(_CHECKPOINT.value)   # the prompt format the checkpoint was trained on
     lm = chat.load_chat_model(_CHECKPOINT.value or micro_world.shipped_path())
-    print(lm)
+    wm_lm = (chat.load_chat_model(_WM_CHECKPOINT.value) if _WM_CHECKPOINT.value
+             else world_model.load(lm.path, base=lm))
+    print(f"agent: {lm}\nworld model: {'the same weights' if wm_lm is lm else wm_lm}")
     rng = np.random.default_rng(_SEED.value)
     samples, tasks = [], {}
     for split in _SPLITS.value:
@@ -104,8 +109,8 @@ def main(argv):
         timed, rest = [mine[i] for i in timed_idx], [mine[i] for i in rest_idx]
         # The logged solutions go first: they compile the world model's sampler, so the timed pass over the
         # executed ones measures predictions, not compilation.
-        fidelity.run_world_model(lm, rest or timed[:1], tasks, config=config, seed=_SEED.value + 1, batch=batch)
-        wm_s = fidelity.run_world_model(lm, timed, tasks, config=config, seed=_SEED.value, batch=batch)
+        fidelity.run_world_model(wm_lm, rest or timed[:1], tasks, config=config, seed=_SEED.value + 1, batch=batch)
+        wm_s = fidelity.run_world_model(wm_lm, timed, tasks, config=config, seed=_SEED.value, batch=batch)
         by_design[design] = mine, {
             "design": design,
             "splits": {split: fidelity.summarize([s for s in mine if s.split == split], table)
@@ -122,7 +127,7 @@ def main(argv):
         }
     first = _DESIGNS.value[0]
     report = {
-        "checkpoint": str(lm.path), "samples_per_task": _SAMPLES.value, "logged_per_task": _LOGGED.value,
+        "checkpoint": str(lm.path), "world_model_checkpoint": str(wm_lm.path), "samples_per_task": _SAMPLES.value, "logged_per_task": _LOGGED.value,
         **by_design[first][1],
         "policy_spread": {split: fidelity.policy_spread([s for s in samples if s.split == split])
                           for split in _SPLITS.value},

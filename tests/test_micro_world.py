@@ -376,6 +376,68 @@ def test_world_model_stage_resumes_where_it_was_interrupted(replay):
                                        **kwargs)
 
 
+@pytest.mark.slow
+def test_separate_world_model_build_ships_two_folders_and_resumes_in_either_stage(tmp_path, monkeypatch):
+    """separate_world_model: the agent in the folder, the world model in its world_model/ folder, each loadable;
+    interrupted inside the world-model stage or the agent's stage, a rerun ends with the same weights."""
+    from safetensors.numpy import load_file
+
+    config = micro_world.MicroWorldConfig(
+        vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
+        head_dim=16, epochs=0.01, warmup_steps=1, outcome_batch_size=2, outcome_stage_steps=3,
+        outcome_stage_batch_size=2, outcome_stage_replay=0, outcome_stage_alternate=False,
+        separate_world_model=True, agent_stage_steps=3, agent_stage_batch_size=2)
+    whole = micro_world.build(tmp_path / "whole", config, progress=False, save_every=1)
+    mixed = whole["steps"]
+    assert (whole["outcome_stage_steps"], whole["agent_stage_steps"], len(whole["agent_stage_reply_nll"])) == (3, 3, 3)
+    assert whole["world_model_folder"] == world_model.FOLDER
+    agent_lm = chat.load_chat_model(tmp_path / "whole")
+    wm_lm = world_model.load(tmp_path / "whole", base=agent_lm)
+    assert wm_lm is not agent_lm and wm_lm.path == tmp_path / "whole" / world_model.FOLDER
+    assert (tmp_path / "whole" / "tokenizer.json").read_bytes() == (wm_lm.path / "tokenizer.json").read_bytes()
+
+    def interrupted(stage: str, after: int):
+        """A build that stops (KeyboardInterrupt) after `after` updates of `stage`, then a rerun."""
+        name = "make_outcome_step" if stage == "world model" else "make_train_step"
+        real = getattr(micro_world, name)
+        calls = []
+
+        def counting(*args, **kwargs):
+            step = real(*args, **kwargs)
+            stage_of_this = stage == "world model" or len(calls) > 0   # the agent stage's is the 2nd train step
+            calls.append(None)
+
+            def once(*a):
+                if stage_of_this and len(counted) >= after:
+                    raise KeyboardInterrupt
+                if stage_of_this:
+                    counted.append(None)
+                return step(*a)
+            return once
+
+        counted = []
+        out = tmp_path / stage.replace(" ", "_")
+        with monkeypatch.context() as m:
+            m.setattr(micro_world, name, counting)
+            with pytest.raises(KeyboardInterrupt):
+                micro_world.build(out, config, progress=False, save_every=1)
+        assert not out.exists() and (out.with_name(out.name + ".partial") / "state.pkl").is_file()
+        log = micro_world.build(out, config, progress=False, save_every=1)
+        return out, log
+
+    for stage, after in (("world model", 2), ("agent", 1)):
+        out, log = interrupted(stage, after)
+        for folder in ("", world_model.FOLDER):
+            mine, ref = load_file(out / folder / "model.safetensors"), load_file(tmp_path / "whole" / folder /
+                                                                                 "model.safetensors")
+            assert mine.keys() == ref.keys() and all(np.array_equal(mine[k], ref[k]) for k in ref), (stage, folder)
+        assert log["outcome_stage_nll"] == whole["outcome_stage_nll"] and log["steps"] == mixed
+    with pytest.raises(ValueError, match="separate_world_model"):
+        dataclasses.replace(config, outcome_stage_replay=4)
+    with pytest.raises(ValueError, match="agent_stage_steps"):
+        dataclasses.replace(config, separate_world_model=False, agent_stage_steps=3)
+
+
 def test_world_model_stage_loss_can_leave_the_answers_opening_out():
     """skip=2: the answers' first two tokens (``STATUS:``) carry no loss; by hand from `token_logprobs`."""
     import jax

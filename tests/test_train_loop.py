@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import jax
 import numpy as np
 import pytest
 
@@ -132,6 +133,46 @@ def test_the_loop_drives_a_qwen3_checkpoint_too(tmp_path):
     summary = loop.train(c, progress=False)
     assert summary.steps == 2 and summary.counters.rollouts == 16
     assert (tmp_path / "run" / "export" / "model.safetensors").is_file()
+
+
+def test_a_checkpoint_with_its_own_world_model_folder_brings_that_world_model(tmp_path, monkeypatch):
+    """world_model/ inside the checkpoint (the micro-world's layout): the loop predicts with it, the agent and
+    the reference stay the checkpoint's own weights; without the folder, one copy serves both."""
+    from tests.helpers_hf import save_tiny_qwen3
+    from wmrl_jax import world_model
+
+    path = save_tiny_qwen3(tmp_path / "agent", seed=0)
+    asked = []   # the world model each step's reward router predicts with
+    real_router = loop.RewardRouter
+
+    def spy(*args, **kwargs):
+        router = real_router(*args, **kwargs)
+        asked.append(router.lm.path)
+        return router
+
+    monkeypatch.setattr(loop, "RewardRouter", spy)
+    c = small_config(tmp_path / "shared", model_path=str(path), model_preset="micro", steps=1)
+    c.agent.max_new_tokens = c.world_model.max_new_tokens = 16
+    started = loop.start_run(c)
+    try:
+        assert started.wm_lm is started.lm
+    finally:
+        started.close()
+
+    save_tiny_qwen3(path / world_model.FOLDER, seed=1)
+    assert world_model.checkpoint_path(path) == path / world_model.FOLDER
+    c = small_config(tmp_path / "own", model_path=str(path), model_preset="micro", steps=1)
+    c.agent.max_new_tokens = c.world_model.max_new_tokens = 16
+    started = loop.start_run(c)
+    try:
+        assert started.wm_lm.path == path / world_model.FOLDER and started.lm.path == path
+        differ = [not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in
+                  zip(jax.tree.leaves(started.wm_lm.model.params), jax.tree.leaves(started.ref_params))]
+        assert any(differ)   # the reference policy is the agent's base, not the world model
+    finally:
+        started.close()
+    summary = loop.train(c, progress=False)
+    assert summary.steps == 1 and asked == [path / world_model.FOLDER]
 
 
 def test_rollout_text_picks_rollouts_by_position_even_within_one_group():

@@ -173,6 +173,32 @@ class MicroWorldConfig:
     # row (`stage_batches`), not to the longest episode of all. Padding does not change the math (left padding,
     # masked); it trades compilations (one per width) for padded compute.
     outcome_pad_multiple: int = 64
+    # Two sets of weights instead of one: after the mixed schedule the weights are copied, the world-model stage
+    # trains the copy on outcome episodes alone (no replay, every answer token in the loss), and the copy ships
+    # as the checkpoint's `world_model/` folder (`world_model.checkpoint_path`), which the loop and
+    # `launch/wm_fidelity.py` load as the frozen world model. The agent keeps the mixed schedule's weights,
+    # plus `agent_stage_steps` updates of its own. One set of 4M weights holds either skill but not both: on
+    # one set the stage's world model ranked held-out logged programs at 0.81-0.84 while the agent's replies
+    # became world-model answers, and every mix tried traded one for the other (docs/results.md).
+    separate_world_model: bool = False
+    # The agent's own stage (separate_world_model only): steps of `agent_stage_batch_size` episodes of the
+    # mixed corpus and `rule_batch_size` rule examples with the mixed schedule's losses, on an optimizer of its
+    # own (warm-up, cosine to 10 % of `outcome_stage_learning_rate`), after the world-model stage.
+    agent_stage_steps: int = 0
+    agent_stage_batch_size: int = 4
+
+    def __post_init__(self):
+        if self.separate_world_model and (self.outcome_stage_replay or self.outcome_stage_alternate):
+            raise ValueError(
+                "MicroWorldConfig.separate_world_model: its world-model stage trains a copy of the weights on "
+                f"outcome episodes alone; got outcome_stage_replay={self.outcome_stage_replay!r}, "
+                f"outcome_stage_alternate={self.outcome_stage_alternate!r}, expected 0 and False (the agent's own "
+                "updates are agent_stage_steps)")
+        if self.agent_stage_steps and not self.separate_world_model:
+            raise ValueError(f"MicroWorldConfig.agent_stage_steps: got {self.agent_stage_steps!r} without "
+                             "separate_world_model, expected 0 (one set of weights has the replayed world-model stage)")
+        if self.agent_stage_steps == 1 or self.agent_stage_steps < 0:
+            raise ValueError(f"MicroWorldConfig.agent_stage_steps: got {self.agent_stage_steps!r}, expected 0 or >= 2")
 
     def model_config(self, vocab_size: int, eos_id: int, pad_id: int):
         """The Qwen3.5 (hybrid Gated DeltaNet + gated attention) config of the micro-world model."""
@@ -496,20 +522,23 @@ def stage_batches(encoded: Sequence, *, batch_size: int, steps: int, pad_id: int
         yield _pad_rows([encoded[r] for r in rows], width, pad_id)
 
 
-def stage_replay(config: MicroWorldConfig, encoded: Sequence, tokenizer, width: int, pad_id: int):
+def stage_replay(config: MicroWorldConfig, encoded: Sequence, tokenizer, width: int, pad_id: int, *,
+                 batch_size: int | None = None, steps: int | None = None):
     """The world-model stage's replay: (episode batch, rule batch) per stage step, seeded; None without replay.
 
     `config.outcome_stage_replay` episodes of the mixed corpus (`encoded`, padded to its `width`) and
-    `config.rule_batch_size` fresh rule examples a step.
+    `config.rule_batch_size` fresh rule examples a step, for `config.outcome_stage_steps` steps
+    (`batch_size` and `steps` given: the agent's stage, `agent_stage_steps`).
     """
-    if not config.outcome_stage_replay:
+    batch_size = config.outcome_stage_replay if batch_size is None else batch_size
+    if not batch_size:
         return None
-    steps = config.outcome_stage_steps
+    steps = config.outcome_stage_steps if steps is None else steps
     rules = encode_examples(tokenizer, rule_examples(steps * config.rule_batch_size, config.seed + 5))
     rule_width = -(-max(len(ids) for ids, _ in rules) // 32) * 32
     rule_batches = (_pad_rows(rules[i * config.rule_batch_size:(i + 1) * config.rule_batch_size], rule_width, pad_id)
                     for i in range(steps))
-    return zip(batches(encoded, batch_size=config.outcome_stage_replay, steps=steps, width=width, pad_id=pad_id,
+    return zip(batches(encoded, batch_size=batch_size, steps=steps, width=width, pad_id=pad_id,
                        seed=config.seed + 4), rule_batches)
 
 
@@ -582,7 +611,6 @@ def _outcome_stage(config: MicroWorldConfig, model_config, outcomes, params, opt
     after each outcome update instead of joining its gradient. `stop`: run only the schedule's first
     `stop` steps (a short build), the schedule unchanged.
     """
-    import optax
     from tqdm.auto import tqdm
 
     steps = config.outcome_stage_steps
@@ -593,10 +621,7 @@ def _outcome_stage(config: MicroWorldConfig, model_config, outcomes, params, opt
         raise ValueError("MicroWorldConfig.outcome_stage_alternate needs replayed episodes: got "
                          "outcome_stage_replay=0, expected >= 1")
     updates = 2 * steps if alternate else steps   # the optimizer's schedule counts updates
-    lr = config.outcome_stage_learning_rate
-    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
-        optax.warmup_cosine_decay_schedule(0.0, lr, min(10, updates // 2), updates, end_value=0.1 * lr),
-        b1=0.9, b2=0.98, weight_decay=0.01))
+    optimizer = _stage_optimizer(config.outcome_stage_learning_rate, updates)
     opt_state = optimizer.init(params) if opt_state is None else opt_state
     if replay is not None:
         losses.setdefault("outcome_stage_reply_nll", [])   # the replayed episodes' reply loss, a step each
@@ -637,6 +662,43 @@ def _outcome_stage(config: MicroWorldConfig, model_config, outcomes, params, opt
         params, opt_state, loss = step(params, opt_state, *batch)
         losses["outcome_stage_nll"].append(float(loss))
         bar.set_postfix(outcome_nll=f"{losses['outcome_stage_nll'][-1]:.3f}")
+        if (j + 1) % save_every == 0 and j + 1 < stop:
+            save(params, opt_state, losses, first + j + 1)
+    return params
+
+
+def _stage_optimizer(lr: float, updates: int):
+    """A stage's own optimizer: clipped AdamW, warm-up (10 updates at most), cosine to 10 % over `updates`."""
+    import optax
+
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
+        optax.warmup_cosine_decay_schedule(0.0, lr, min(10, updates // 2), updates, end_value=0.1 * lr),
+        b1=0.9, b2=0.98, weight_decay=0.01))
+
+
+def _agent_stage(config: MicroWorldConfig, model_config, params, opt_state, losses: dict, replay, *, first: int,
+                 done: int, save, save_every: int, progress: bool, stop: int | None = None):
+    """The agent's own stage (`MicroWorldConfig.agent_stage_steps`, with `separate_world_model`).
+
+    `replay`: (episode batch, rule batch) per step (`stage_replay`), trained on with the mixed schedule's
+    losses on an optimizer of its own. Steps are numbered on from `first`, resumed as `_outcome_stage`'s.
+    """
+    from tqdm.auto import tqdm
+
+    steps = config.agent_stage_steps
+    optimizer = _stage_optimizer(config.outcome_stage_learning_rate, steps)
+    opt_state = optimizer.init(params) if opt_state is None else opt_state
+    step = make_train_step(model_config, optimizer, config.prompt_loss_weight)
+    losses.setdefault("agent_stage_reply_nll", [])
+    stop = steps if stop is None else min(stop, steps)
+    bar = tqdm(itertools.islice(replay, stop), total=stop, desc="agent stage", disable=not progress,
+               initial=max(0, done - first))
+    for j, (episodes, rules) in enumerate(bar):
+        if first + j < done:
+            continue
+        params, opt_state, nlls = step(params, opt_state, episodes, rules)
+        losses["agent_stage_reply_nll"].append(float(nlls[0]))
+        bar.set_postfix(reply_nll=f"{losses['agent_stage_reply_nll'][-1]:.3f}")
         if (j + 1) % save_every == 0 and j + 1 < stop:
             save(params, opt_state, losses, first + j + 1)
     return params
@@ -718,10 +780,10 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
     # the same build (same config and corpus) continues from there on the same batch sequence.
     partial = out_dir.with_name(out_dir.name + ".partial")
     fingerprint = f"{config!r}|{total}|{len(examples)}|{len(tokenizer)}"
-    done = 0
+    done, other = 0, None
     resumed = _load_state(partial, fingerprint)
     if resumed is not None:
-        params, opt_state, losses, done = resumed
+        params, opt_state, losses, done, other = resumed
         params, opt_state = jax.device_put((params, opt_state))
     bar = tqdm(zip(batches(encoded, batch_size=config.batch_size, steps=total, width=width, pad_id=pad_id,
                            seed=config.seed), rule_batches, outcome_batches), total=total, desc="micro-world",
@@ -736,28 +798,57 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
         if (i + 1) % save_every == 0 and i + 1 < total:
             _save_state(partial, fingerprint, params, opt_state, losses, i + 1)
     bar.close()
-    # `steps` counts on through the stage: a build cut short in the mixed schedule runs none of it.
-    stage_run = config.outcome_stage_steps if steps is None else max(0, min(config.outcome_stage_steps,
-                                                                           int(steps) - planned))
-    if stage_run:
+    # `steps` counts on through the stages: a build cut short in the mixed schedule runs none of them.
+    stage_steps = config.outcome_stage_steps
+    stage_run = stage_steps if steps is None else max(0, min(stage_steps, int(steps) - planned))
+    agent_run = (config.agent_stage_steps if steps is None
+                 else max(0, min(config.agent_stage_steps, int(steps) - planned - stage_steps)))
+    save = functools.partial(_save_state, partial, fingerprint)
+    wm_params = None
+    if config.separate_world_model:
+        # Resumed inside the agent's stage, `other` holds the finished world model; inside the world-model
+        # stage, the agent's weights (the mixed schedule's), which wait for their own stage.
+        in_agent_stage = done > total + stage_steps
+        if in_agent_stage:
+            params, wm_params = params, other
+        else:
+            agent_params, wm_params = (other if done > total else params), params
+            if stage_run:
+                wm_params = _outcome_stage(config, model_config, outcomes, params,
+                                           opt_state if done > total else None, losses, first=total, done=done,
+                                           pad_id=pad_id, save=functools.partial(save, other=agent_params),
+                                           save_every=save_every, progress=progress, stop=stage_run, replay=None)
+            params = agent_params
+        if agent_run:
+            params = _agent_stage(config, model_config, params, opt_state if in_agent_stage else None, losses,
+                                  stage_replay(config, encoded, tokenizer, width, pad_id,
+                                               batch_size=config.agent_stage_batch_size,
+                                               steps=config.agent_stage_steps),
+                                  first=total + stage_steps, done=done, save=functools.partial(save, other=wm_params),
+                                  save_every=save_every, progress=progress, stop=agent_run)
+    elif stage_run:
         params = _outcome_stage(config, model_config, outcomes, params, opt_state if done > total else None, losses,
-                                first=total, done=done, pad_id=pad_id, save=functools.partial(
-                                    _save_state, partial, fingerprint), save_every=save_every, progress=progress,
-                                stop=stage_run,
+                                first=total, done=done, pad_id=pad_id, save=save, save_every=save_every,
+                                progress=progress, stop=stage_run,
                                 replay=stage_replay(config, encoded, tokenizer, width, pad_id),
                                 skip=len(tokenizer.encode("STATUS:", add_special_tokens=False))
                                 if config.outcome_stage_skip_opening else 0)
     train_s = time.perf_counter() - start
 
     padded = -(-len(tokenizer) // config.vocab_multiple) * config.vocab_multiple
-    params = {**params, "embed_vd": jnp.pad(params["embed_vd"], ((0, padded - len(tokenizer)), (0, 0)))}
     model_config = dataclasses.replace(model_config, vocab_size=padded)
-    # bf16 halves the shipped folder (the loop loads it back in float32).
-    model = Model(config=model_config, params=jax.tree.map(lambda x: x.astype(jnp.bfloat16), params), family=qwen35)
+
+    def shipped(params):   # the padded vocabulary; bf16 halves the folder (the loop loads it back in float32)
+        params = {**params, "embed_vd": jnp.pad(params["embed_vd"], ((0, padded - len(tokenizer)), (0, 0)))}
+        return Model(config=model_config, params=jax.tree.map(lambda x: x.astype(jnp.bfloat16), params),
+                     family=qwen35)
+
     # Written next to `out_dir`, then swapped in: an interrupted build never leaves a half-written checkpoint.
     staging = out_dir.with_name(out_dir.name + ".new")
     shutil.rmtree(staging, ignore_errors=True)
-    save_hf(model, staging, tokenizer=tokenizer)
+    save_hf(shipped(params), staging, tokenizer=tokenizer)
+    if wm_params is not None:
+        save_hf(shipped(wm_params), staging / world_model.FOLDER, tokenizer=tokenizer)
     counts = {kind: sum(k == kind for *_, k in examples) for kind in ("agent", "world_model")}
     counts["rule"] = len(rules)
     if config.outcome_batch_size or config.outcome_stage_steps:
@@ -771,6 +862,8 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
            if config.outcome_batch_size else {}),
         **({"outcome_stage_steps": stage_run,
             "outcome_stage_batch_size": config.outcome_stage_batch_size} if config.outcome_stage_steps else {}),
+        **({"world_model_folder": world_model.FOLDER, "agent_stage_steps": agent_run}
+           if config.separate_world_model else {}),
         "parameters": int(sum(x.size for x in jax.tree.leaves(params))),
         **losses,
         "seconds": round(time.perf_counter() - start, 1), "train_seconds": round(train_s, 1),
@@ -821,8 +914,12 @@ def config_of(path=None) -> MicroWorldConfig:
     return dataclasses.replace(config, world_model=dataclasses.replace(config.world_model, **recorded))
 
 
-def _save_state(folder: pathlib.Path, fingerprint: str, params, opt_state, losses: dict, step: int) -> None:
-    """The build's training state after `step` steps, written to a temporary file and renamed."""
+def _save_state(folder: pathlib.Path, fingerprint: str, params, opt_state, losses: dict, step: int, *,
+                other=None) -> None:
+    """The build's training state after `step` steps, written to a temporary file and renamed.
+
+    `other`: the second set of weights of a `separate_world_model` build, waiting while `params` train.
+    """
     import pickle
 
     import jax
@@ -831,12 +928,13 @@ def _save_state(folder: pathlib.Path, fingerprint: str, params, opt_state, losse
     tmp = folder / "state.pkl.tmp"
     with open(tmp, "wb") as f:
         pickle.dump({"fingerprint": fingerprint, "step": step, "losses": losses,
-                     "params": jax.device_get(params), "opt_state": jax.device_get(opt_state)}, f)
+                     "params": jax.device_get(params), "opt_state": jax.device_get(opt_state),
+                     "other": jax.device_get(other)}, f)
     os.replace(tmp, folder / "state.pkl")
 
 
 def _load_state(folder: pathlib.Path, fingerprint: str):
-    """(params, opt_state, losses, step) of an interrupted build of the same fingerprint, else None."""
+    """(params, opt_state, losses, step, other) of an interrupted build of the same fingerprint, else None."""
     import pickle
 
     path = folder / "state.pkl"
@@ -849,7 +947,7 @@ def _load_state(folder: pathlib.Path, fingerprint: str):
         return None
     if state.get("fingerprint") != fingerprint:
         return None
-    return state["params"], state["opt_state"], state["losses"], state["step"]
+    return state["params"], state["opt_state"], state["losses"], state["step"], state.get("other")
 
 
 
@@ -885,7 +983,7 @@ def train_split_check(path, *, per_task: int = 8, seed: int = 0, workers: int = 
         entries = [e for e in log if e["task"] == t.name and world_model.gate(e["code"]) is None]
         logged += [entries[i] for i in sorted(rng.choice(len(entries), size=min(per_task, len(entries)), replace=False))]
     by_name = {t.name: t for t in tasks}
-    preds = world_model.predict(lm, [by_name[e["task"]] for e in logged],
+    preds = world_model.predict(world_model.load(path, base=lm), [by_name[e["task"]] for e in logged],
                                 [normalise_solution(e["code"], rows[e["task"]]["targets"]) for e in logged],
                                 config=config.world_model, seed=seed)
     graded = [(p.reward, e["reward"]) for p, e in zip(preds, logged) if p.reward is not None]

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import pathlib
 import re
 from collections import Counter
 from typing import Sequence
@@ -53,7 +54,7 @@ import numpy as np
 from wmrl_jax import sampling
 from wmrl_jax.models.layers import positions_from_valid
 from wmrl_jax.agent import SANDBOX_PACKAGES, cap_text, data_inventory, target_columns, task_overview
-from wmrl_jax.chat import ChatModel
+from wmrl_jax.chat import ChatModel, load_chat_model
 
 STATUSES = ("syntax_err", "runtime_err", "ran_no_sub", "valid")   # what the model may answer
 BUCKETS = ("low", "fair", "mid", "high")
@@ -154,6 +155,35 @@ class Prediction:
 
 
 # --------------------------------------------------------------------------- answer format
+
+FOLDER = "world_model"   # an agent checkpoint's own world model, when it ships one (`checkpoint_path`)
+
+
+def checkpoint_path(path) -> pathlib.Path:
+    """Where the world model of the agent checkpoint folder `path` lives.
+
+    Its ``world_model/`` subfolder when it has one -- the micro-world's: the
+    agent's backbone, copied after their shared schedule and trained further on
+    the execution corpus, because a model of a few million parameters cannot
+    hold both skills in one set of weights (docs/results.md) -- else `path`
+    itself: the agent's own base weights, frozen, as in the paper.
+    """
+    path = pathlib.Path(path)
+    own = path / FOLDER
+    return own if (own / "config.json").is_file() else path
+
+
+def load(path, *, dtype="float32", mesh=None, base: ChatModel | None = None) -> ChatModel:
+    """The world model of the agent checkpoint `path` (`checkpoint_path`), as a ChatModel.
+
+    `base`: the agent checkpoint already loaded; returned as is when the world
+    model is the agent's own weights (one frozen copy, not two).
+    """
+    where = checkpoint_path(path)
+    if base is not None and where == pathlib.Path(path):
+        return base
+    return load_chat_model(where, dtype=dtype, mesh=mesh)
+
 
 def quality_bucket(position: float) -> str:
     """The bucket of a leaderboard position score in [0, 1] (quarters: low, fair, mid, high)."""
@@ -741,9 +771,10 @@ def predict(model: ChatModel, tasks: Sequence, codes: Sequence[str | None], *, c
     return out
 
 
-__all__ = ["BUCKETS", "CHECKS", "DEFAULT_BUCKET_POSITIONS", "DESIGNS", "Prediction", "QUALITY_SYSTEM_PROMPT", "RUBRIC",
-           "RUNTIME_CHECKS", "STATUSES", "VERDICTS", "WM_SYSTEM_PROMPT", "WorldModelConfig", "check_messages",
-           "INVENTORIES", "LISTINGS", "READOUTS", "expected_predictions", "check_system_prompt", "column_inventory",
-           "combine_checks", "default_feedback", "format_answer",
-           "format_check_answer", "format_quality_answer", "gate", "installed_versions", "ladder_reward", "messages",
-           "numbered", "parse_answer", "parse_check_answer", "parse_quality_answer", "predict", "quality_bucket"]
+__all__ = ["BUCKETS", "CHECKS", "DEFAULT_BUCKET_POSITIONS", "DESIGNS", "FOLDER", "INVENTORIES", "LISTINGS",
+           "Prediction", "QUALITY_SYSTEM_PROMPT", "READOUTS", "RUBRIC", "RUNTIME_CHECKS", "STATUSES", "VERDICTS",
+           "WM_SYSTEM_PROMPT", "WorldModelConfig", "check_messages", "check_system_prompt", "checkpoint_path",
+           "column_inventory", "combine_checks", "default_feedback", "expected_predictions", "format_answer",
+           "format_check_answer", "format_quality_answer", "gate", "installed_versions", "ladder_reward", "load",
+           "messages", "numbered", "parse_answer", "parse_check_answer", "parse_quality_answer", "predict",
+           "quality_bucket"]

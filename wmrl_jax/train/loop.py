@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from wmrl_jax import agent, chat, corrections, micro_world
+from wmrl_jax import agent, chat, corrections, micro_world, world_model
 from wmrl_jax.evaluate import evaluate
 from wmrl_jax.models import attention, make_mesh, save_hf
 from wmrl_jax.train import multihost, rollout, update
@@ -104,7 +104,8 @@ class Run:
     multi_process: bool
     train_tasks: list
     eval_tasks: list
-    lm: chat.ChatModel           # tokenizer and base model: the frozen reference and world model
+    lm: chat.ChatModel           # tokenizer and base model: the frozen reference (and world model, by default)
+    wm_lm: chat.ChatModel        # the frozen world model: `lm`, or the checkpoint's own (`world_model.load`)
     agent_config: agent.AgentConfig
     wm_config: Any
     width: int                   # the update's fixed [B, T] width
@@ -169,7 +170,11 @@ def start_run(config) -> Run:
     workdir.mkdir(parents=True, exist_ok=True)
     # jax.devices() lists every process's devices: in a multi-process run the mesh spans them all.
     mesh = make_mesh(resolve_mesh(config.mesh, jax.device_count())) if jax.device_count() > 1 else None
-    lm = chat.load_chat_model(config.model_path or micro_world.shipped_path(), dtype=config.dtype, mesh=mesh)
+    model_path = config.model_path or micro_world.shipped_path()
+    lm = chat.load_chat_model(model_path, dtype=config.dtype, mesh=mesh)
+    # The paper's world model is the agent's base weights; a checkpoint that ships a world model of its own
+    # (the micro-world's `world_model/` folder) brings a second frozen copy.
+    wm_lm = world_model.load(model_path, dtype=config.dtype, mesh=mesh, base=lm) if arm.world_model else lm
     acfg = agent_config(config)
     prompt_tokens = max(len(lm.prompt_ids(agent.initial_messages(t, acfg))) for t in train_tasks)
 
@@ -183,8 +188,11 @@ def start_run(config) -> Run:
     # reads it there too. `lm` from here on generates on the rollout mesh.
     rollout_mesh = rollout.rollout_mesh(config.rollout, jax.devices()) if mesh is not None else None
     if rollout_mesh is not None:
+        shared = wm_lm is lm
         lm = rollout.generation_model(lm, rollout.place(lm.model.params, rollout_mesh, family, model_config,
                                                         config.dtype), rollout_mesh)
+        wm_lm = lm if shared else rollout.generation_model(wm_lm, rollout.place(
+            wm_lm.model.params, rollout_mesh, wm_lm.model.family, wm_lm.model.config, config.dtype), rollout_mesh)
     ref_params = lm.model.params
     resharder = rollout.Resharder(family, model_config, rollout_mesh, config.dtype)
     step_fn = update.make_train_step(family, model_config, optimizer, kl_coef=config.optim.kl_coef,
@@ -207,7 +215,7 @@ def start_run(config) -> Run:
     if primary:
         (workdir / "config.json").write_text(config.to_json_best_effort(indent=1) + "\n")
     return Run(config=config, arm=arm, workdir=workdir, primary=primary, multi_process=multi_process,
-               train_tasks=train_tasks, eval_tasks=eval_tasks, lm=lm, agent_config=acfg,
+               train_tasks=train_tasks, eval_tasks=eval_tasks, lm=lm, wm_lm=wm_lm, agent_config=acfg,
                wm_config=world_model_config(config), width=batch_width(config, prompt_tokens), ref_params=ref_params,
                step_fn=step_fn, state=state, resharder=resharder, corr=corr, key=key, counters=counters,
                cursor=TaskCursor(len(train_tasks), config.seed, cursor_pos), first_step=first_step, ckpt=ckpt,
@@ -252,7 +260,7 @@ def train_step(run: Run, step: int) -> dict:
         anchors = corrections.select_anchor_groups(
             step_seed(config.seed, step, SeedStream.ANCHORS), groups, fraction=config.rewards.anchor_fraction,
             min_per_step=config.rewards.min_anchors, max_concurrent=None)
-    router = RewardRouter(tasks, group_size, anchors, run.pool, run.lm, run.wm_config, use_wm=arm.world_model,
+    router = RewardRouter(tasks, group_size, anchors, run.pool, run.wm_lm, run.wm_config, use_wm=arm.world_model,
                           feedback_seed=step_seed(config.seed, step, SeedStream.WM_FEEDBACK),
                           scoring_seed=step_seed(config.seed, step, SeedStream.WM_SCORING))
 
