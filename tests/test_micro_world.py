@@ -36,26 +36,43 @@ def lm():
 
 
 @pytest.fixture(scope="module")
+def wm():
+    return world_model.load(SHIPPED)
+
+
+@pytest.fixture(scope="module")
 def heldout():
     return [sandbox.load_task(p) for p in suite.list_tasks("test")]
 
 
 def test_shipped_folder_is_a_small_complete_hf_checkpoint():
+    """The agent's folder, and its world model's (`world_model/`, same architecture and tokenizer), < 30 MB."""
     names = {p.name for p in SHIPPED.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", micro_world.BUILD_LOG} <= names
-    assert sum(p.stat().st_size for p in SHIPPED.iterdir()) < 30 << 20
-    config = json.loads((SHIPPED / "config.json").read_text())
-    assert config["model_type"].startswith("qwen3_5") and "full_attention" in config["layer_types"]
-    assert "linear_attention" in config["layer_types"]
+    assert sum(p.stat().st_size for p in SHIPPED.rglob("*") if p.is_file()) < 30 << 20
+    wm_folder = world_model.checkpoint_path(SHIPPED)
+    assert wm_folder == SHIPPED / world_model.FOLDER
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in wm_folder.iterdir()}
+    assert (wm_folder / "tokenizer.json").read_bytes() == (SHIPPED / "tokenizer.json").read_bytes()
+    for folder in (SHIPPED, wm_folder):
+        config = json.loads((folder / "config.json").read_text())
+        assert config["model_type"].startswith("qwen3_5") and "full_attention" in config["layer_types"]
+        assert "linear_attention" in config["layer_types"]
+    assert json.loads((wm_folder / "config.json").read_text()) == json.loads((SHIPPED / "config.json").read_text())
 
 
-def test_shipped_model_logits_equal_transformers(lm, heldout):
+@pytest.mark.parametrize("role", ["agent", "world model"])
+def test_shipped_model_logits_equal_transformers(lm, heldout, role):
     import torch
     import transformers
 
-    ids = lm.prompt_ids(agent.initial_messages(heldout[0], CONFIG.agent))[:160]
-    ours = np.asarray(load_hf(SHIPPED).logits(np.asarray([ids])))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED, dtype=torch.float32)
+    folder = SHIPPED if role == "agent" else world_model.checkpoint_path(SHIPPED)
+    messages = (agent.initial_messages(heldout[0], CONFIG.agent) if role == "agent"
+                else world_model.messages(heldout[0], "import os\nx = 1\n", CONFIG.world_model))
+    ids = lm.prompt_ids(messages)[-160:]
+    ours = np.asarray(load_hf(folder).logits(np.asarray([ids])))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits.numpy()
     np.testing.assert_allclose(ours, ref, atol=2e-4, rtol=1e-4)
@@ -225,10 +242,10 @@ def test_sampled_solutions_on_held_out_tasks_run_valid_with_mixed_quality(lm, he
     assert len(models) >= 8, models   # not one template: many estimators and settings
 
 
-def test_world_model_answers_parse_on_held_out_logged_solutions(lm, heldout):
+def test_world_model_answers_parse_on_held_out_logged_solutions(wm, heldout):
     log = [e for e in suite.execution_log("test") if world_model.gate(e["code"]) is None][::12]
     tasks = {t.name: t for t in heldout}
-    preds = world_model.predict(lm, [tasks[e["task"]] for e in log], [e["code"] for e in log],
+    preds = world_model.predict(wm, [tasks[e["task"]] for e in log], [e["code"] for e in log],
                                 config=CONFIG.world_model, seed=0)
     graded = [p for p in preds if p.reward is not None]
     assert len(graded) >= 0.9 * len(preds), [p.raw_text for p in preds if p.reward is None][:3]

@@ -349,7 +349,7 @@ def test_decomposed_gate_needs_no_model_call(monkeypatch, task, tiny_lm):
 def micro_lm():
     from wmrl_jax import micro_world
 
-    return chat.load_chat_model(micro_world.shipped_path())
+    return world_model.load(micro_world.shipped_path())   # the micro-world's own world model
 
 
 def _scored_distribution(lm, prompt, answers):

@@ -104,11 +104,10 @@ def _sandbox_backend(config) -> None:
 
 def agent_config(config):
     """The `agent.AgentConfig` of a run config (the sandbox timeout is stated in the agent's prompt)."""
+    # Every field the run config sets, as for the world model; the timeout is the sandbox's, not the agent's.
     a = config.agent
-    return AgentConfig(max_turns=a.max_turns, max_new_tokens=a.max_new_tokens,
-                       observation_max_tokens=a.observation_max_tokens, overview_chars=a.overview_chars,
-                       inventory_chars=a.inventory_chars, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
-                       timeout_s=float(config.sandbox.timeout_s))
+    fields = {f.name: a[f.name] for f in dataclasses.fields(AgentConfig) if f.name in a and f.name != "timeout_s"}
+    return AgentConfig(**fields, timeout_s=float(config.sandbox.timeout_s))
 
 
 def world_model_config(config):
