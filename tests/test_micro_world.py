@@ -340,8 +340,8 @@ def test_world_model_stage_resumes_where_it_was_interrupted(replay):
 
     config = dataclasses.replace(micro_world.MicroWorldConfig(hidden_size=32, intermediate_size=64, num_layers=2,
                                                               num_heads=2, num_kv_heads=1, head_dim=16),
-                                 outcome_stage_steps=4, outcome_stage_batch_size=2,
-                                 outcome_stage_alternate=replay == "alternate")
+                                 outcome_stage_steps=4, outcome_stage_batch_size=2, separate_world_model=False,
+                                 agent_stage_steps=0, outcome_stage_alternate=replay == "alternate")
     model_config = config.model_config(64, eos_id=2, pad_id=0)
     params = qwen35.init_params(model_config, jax.random.key(0))
     rng = np.random.default_rng(0)
@@ -485,7 +485,8 @@ def test_build_script_sets_config_fields_from_the_command_line(launch_script):
     build = launch_script("build_micro_world")
     config = build.config_from_flags(["outcome_stage_steps=200", "outcome_stage_alternate=true",
                                       "outcome_stage_learning_rate=5e-4", "world_model.listing=comment",
-                                      "world_model.inventory=columns"], seed=2)
+                                      "world_model.inventory=columns", "separate_world_model=false",
+                                      "agent_stage_steps=0", "outcome_stage_replay=4"], seed=2)
     default = micro_world.MicroWorldConfig()
     assert (config.outcome_stage_steps, config.outcome_stage_alternate, config.outcome_stage_learning_rate) == (
         200, True, 5e-4)
@@ -496,7 +497,8 @@ def test_build_script_sets_config_fields_from_the_command_line(launch_script):
                              ("outcome_stage_steps=2.5", "not a valid int"),
                              ("outcome_stage_alternate=maybe", "not a valid bool"),
                              ("seed=3", "--seed"), ("agent=1", "expected FIELD=VALUE"),
-                             ("world_model.listing=zigzag", "WorldModelConfig.listing")]:
+                             ("world_model.listing=zigzag", "WorldModelConfig.listing"),
+                             ("outcome_stage_replay=4", "separate_world_model")]:
         with pytest.raises(ValueError, match=message):
             build.config_from_flags([setting], seed=0)
 

@@ -148,16 +148,18 @@ class MicroWorldConfig:
     # same answer-only loss, with an optimizer of its own (warm-up, cosine to 10 % of
     # `outcome_stage_learning_rate`). The mixed schedule leaves the world model under-fitted -- on the
     # train tasks' own logged programs its rewards do not rank real ones -- while its agent is done.
-    # 200 steps of 12 (not 16) keep the build inside 45 min on 2 cores: the mixed schedule takes ~20 min
-    # (4.1-4.5 s a step), each alternating stage step ~6 s (2,501 s in all, docs/results.md).
+    # 200 steps of 16 on the world model's own copy (`separate_world_model`) with 100 agent-stage steps keep
+    # the build inside 45 min on 2 cores: mixed schedule ~17 min (4.3 s a step), stage ~20 min (~5.8 s a
+    # step), agent stage ~4 min (2,648 s in all, docs/results.md).
     outcome_stage_steps: int = 200
-    outcome_stage_batch_size: int = 12
+    outcome_stage_batch_size: int = 16
     outcome_stage_learning_rate: float = 5e-4
     # Episodes of the mixed corpus (and `rule_batch_size` rule examples) replayed in each stage step, with the
     # mixed schedule's losses. Without them the stage teaches every reply to open with "STATUS:": 150 steps of
     # outcome episodes alone took the third build's agent from 88-94 % valid held-out programs to 0 % (all
     # malformed) while its world model's held-out Spearman rose from 0.33 to 0.84 on logged programs.
-    outcome_stage_replay: int = 4
+    # (One set of weights only: with `separate_world_model` the agent is not in the stage's weights.)
+    outcome_stage_replay: int = 0
     # Without replay, or with it alternated (`outcome_stage_alternate`): leave the answers' fixed opening
     # (``STATUS:``) out of the outcome updates' loss, so that the stage does not teach it as every reply's
     # opening (`make_outcome_step`). The summed replay step does not use it.
@@ -167,8 +169,10 @@ class MicroWorldConfig:
     # the mixed schedule's losses (`prompt_loss_weight` included). Summed into one gradient, two replayed episodes
     # kept the agent and held the world model back (held-out Spearman 0.50 logged, 0.10 on the agent's own
     # programs after 100 steps); alternated with four, 100 steps reached 0.65 / 0.39 and 200 steps 0.74 / 0.66 (the
-    # lookup table 0.69 / 0.57), the agent 100 % valid on every held-out task (docs/results.md).
-    outcome_stage_alternate: bool = True
+    # lookup table 0.69 / 0.57), the agent 100 % valid on every held-out task (docs/results.md). The previous
+    # shipped build's recipe (one set of weights: `--set=separate_world_model=False --set=outcome_stage_replay=4
+    # --set=outcome_stage_alternate=True --set=outcome_stage_batch_size=12`).
+    outcome_stage_alternate: bool = False
     # Each outcome batch (the mixed schedule's and the stage's) is padded to a multiple of this past its longest
     # row (`stage_batches`), not to the longest episode of all. Padding does not change the math (left padding,
     # masked); it trades compilations (one per width) for padded compute.
@@ -179,12 +183,15 @@ class MicroWorldConfig:
     # `launch/wm_fidelity.py` load as the frozen world model. The agent keeps the mixed schedule's weights,
     # plus `agent_stage_steps` updates of its own. One set of 4M weights holds either skill but not both: on
     # one set the stage's world model ranked held-out logged programs at 0.81-0.84 while the agent's replies
-    # became world-model answers, and every mix tried traded one for the other (docs/results.md).
-    separate_world_model: bool = False
+    # became world-model answers, and every mix tried traded one for the other (docs/results.md). Split, the
+    # shipped seed's world model ranks the agent's own held-out programs at 0.59 (one set: 0.19).
+    separate_world_model: bool = True
     # The agent's own stage (separate_world_model only): steps of `agent_stage_batch_size` episodes of the
     # mixed corpus and `rule_batch_size` rule examples with the mixed schedule's losses, on an optimizer of its
-    # own (warm-up, cosine to 10 % of `outcome_stage_learning_rate`), after the world-model stage.
-    agent_stage_steps: int = 0
+    # own (warm-up, cosine to 10 % of `outcome_stage_learning_rate`), after the world-model stage: what the
+    # alternating stage's replayed updates did for the agent (100 % valid on every train task, against 0 % on
+    # one after the mixed schedule alone), without the world model's updates in the same weights.
+    agent_stage_steps: int = 100
     agent_stage_batch_size: int = 4
 
     def __post_init__(self):

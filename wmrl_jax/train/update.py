@@ -4,8 +4,9 @@ For a batch of B = groups_per_step × group_size left-padded sequences [B, T]:
 
     m_bt     = loss_mask_bt ∧ valid_bt ∧ valid_b,t−1 ∧ (weights_b > 0)   tokens the loss sees
     logp, H  = token_logprobs(θ, tokens, valid, m)        chunked head: never an f32 [B, T, V]
-    ref_logp = sg(token_logprobs(θ_ref, tokens, valid, m))  θ_ref: the frozen reference, which IS
-                                                            the world model's parameter copy
+    ref_logp = sg(token_logprobs(θ_ref, tokens, valid, m))  θ_ref: the frozen reference, the world
+                                                            model's parameter copy too (unless the
+                                                            checkpoint ships its own world model)
     old_logp = sg(logp)                                    one on-policy update per batch (the
                                                             paper's recipe): the ratio is exactly 1
     loss     = losses.grpo_loss(logp, old_logp, ref_logp, A, m, kl_coef, entropy=H, entropy_coef)
