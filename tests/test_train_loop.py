@@ -173,6 +173,10 @@ def test_a_checkpoint_with_its_own_world_model_folder_brings_that_world_model(tm
         started.close()
     summary = loop.train(c, progress=False)
     assert summary.steps == 1 and asked == [path / world_model.FOLDER]
+    export = tmp_path / "own" / "export"   # the export carries the world model along
+    assert world_model.checkpoint_path(export) == export / world_model.FOLDER
+    assert (export / world_model.FOLDER / "model.safetensors").read_bytes() == (
+        path / world_model.FOLDER / "model.safetensors").read_bytes()
 
 
 def test_rollout_text_picks_rollouts_by_position_even_within_one_group():

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import shutil
 import time
 from typing import Any
 
@@ -332,6 +333,11 @@ def finish_run(run: Run, start: float) -> RunSummary:
     params = multihost.to_host(run.state.params) if run.multi_process else run.state.params
     if run.primary:
         save_hf(dataclasses.replace(run.lm.model, params=params), export, tokenizer=run.lm.tokenizer)
+        # The checkpoint's own world model goes along, so that a run started from the export predicts with
+        # the same frozen world model (not with the trained policy's weights).
+        own = world_model.checkpoint_path(run.lm.path) if run.lm.path is not None else None
+        if own is not None and own != run.lm.path:
+            shutil.copytree(own, export / world_model.FOLDER, dirs_exist_ok=True)
     del params
     eval_after = evaluate_held_out(run, run.state.params)
     if eval_after is not None and run.writer is not None:
