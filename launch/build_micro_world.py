@@ -3,13 +3,14 @@
     python launch/build_micro_world.py                      # seed 0 into wmrl_jax/assets/micro_world (what ships)
     python launch/build_micro_world.py --seeds=0,1,2        # 3 builds; ships the best by a train-split check
     python launch/build_micro_world.py --out /tmp/mw --steps 3
-    python launch/build_micro_world.py --out /tmp/mw --set=outcome_stage_steps=100 --set=outcome_stage_batch_size=16
+    python launch/build_micro_world.py --out /tmp/mw --set=outcome_stage_steps=100 --set=agent_stage_steps=50
 
 The default recipe (the mixed schedule with the outcome stream, then 200
-alternating world-model stage steps; docs/results.md) takes about 42
-minutes on 2 idle CPU cores (2,501 s for the shipped seed 0); the first
-micro-world's (`--set=outcome_batch_size=0 --set=outcome_stage_steps=0`)
-about 8-9. Deterministic for a given seed, --set and code
+world-model stage steps on the world model's own copy, written to
+`<out>/world_model/`, and 100 agent stage steps; docs/results.md) takes
+about 44 minutes on 2 idle CPU cores (2,648 s for seed 0); the first
+micro-world's (`--set=outcome_batch_size=0 --set=outcome_stage_steps=0
+--set=separate_world_model=False --set=agent_stage_steps=0`) about 8-9. Deterministic for a given seed, --set and code
 (build_log.json records every step's loss) and resumable (started again
 with the same flags it continues from `<out>.partial`). With several
 seeds, each is built into `<out>.seed<k>` and checked on the TRAIN tasks

@@ -30,14 +30,18 @@ It learns from three corpora. The first two are written from the suite's
   trained on twelve tasks alone, the model reads the task type off the task it
   recognises, which says nothing on a task it has never seen.
 
-The result is imperfect in the way WMRL needs. The shipped build (seed 0 of
-the default recipe: the mixed schedule with the outcome stream, then 200
-alternating world-model stage steps; docs/results.md) writes valid programs
-on every held-out attempt, of mixed quality; as a world model it catches the
-failing held-out programs and reads ~90 % of the valid ones as valid, but
-ranks quality below a lookup table of estimator classes (held-out Spearman
-0.46 on logged programs, 0.19 on the agent's own, against the table's 0.69 /
-0.64): a biased, noisy reward that the corrections have to work on.
+The result is imperfect in the way WMRL needs. It ships as two sets of
+weights of the same architecture and tokenizer (`separate_world_model`): the
+agent in the folder, the world model in its `world_model/` folder -- the same
+backbone after the shared mixed schedule, trained further on the execution
+corpus (one set of 4M weights held either skill, not both). The shipped build
+(seed 0 of the default recipe, picked by the train-split check;
+docs/results.md) writes valid programs on 75-100 % of held-out attempts, of
+mixed quality; as a world model it reads every valid held-out program as
+valid, catches the failing logged ones but not its own agent's runtime
+errors, and ranks held-out programs at Spearman 0.59 (logged and the
+agent's own; a lookup table of estimator classes: 0.69 / 0.47): a biased,
+noisy reward that the corrections have to work on.
 
 Training is deterministic (fixed corpus order, fixed seed): two builds from
 the same code on the same CPU give the same weights, and the build log
