@@ -183,7 +183,9 @@ def test_rebuild_reproduces_the_first_steps(tmp_path):
     """`python launch/build_micro_world.py` retraces the shipped build: same tokenizer, same first losses --
     here resuming a build interrupted after its first step, which left no checkpoint folder behind."""
     out = tmp_path / "rebuild"
+    seed = json.loads((SHIPPED / micro_world.BUILD_LOG).read_text())["seed"]   # the seed the train-split check picked
     interrupt = textwrap.dedent(f"""
+        import dataclasses
         from wmrl_jax import micro_world
         real_step = micro_world.make_train_step
         def interrupted_after_one_step(*args, **kwargs):
@@ -196,7 +198,8 @@ def test_rebuild_reproduces_the_first_steps(tmp_path):
             return once
         micro_world.make_train_step = interrupted_after_one_step
         try:
-            micro_world.build({str(out)!r}, steps=2, progress=False, save_every=1)
+            micro_world.build({str(out)!r}, dataclasses.replace(micro_world.MicroWorldConfig(), seed={seed}),
+                              steps=2, progress=False, save_every=1)
         except KeyboardInterrupt:
             print("interrupted")
         """)
@@ -206,7 +209,8 @@ def test_rebuild_reproduces_the_first_steps(tmp_path):
     assert first.stdout.strip().endswith("interrupted"), first.stdout
     assert not out.exists() and not out.with_name("rebuild.new").exists()     # nothing half-written
     assert (out.with_name("rebuild.partial") / "state.pkl").is_file()
-    subprocess.run([sys.executable, "launch/build_micro_world.py", f"--out={out}", "--steps=2"], cwd=REPO, env=env,
+    subprocess.run([sys.executable, "launch/build_micro_world.py", f"--out={out}", "--steps=2", f"--seed={seed}"],
+                   cwd=REPO, env=env,
                    check=True, capture_output=True, timeout=900)
     assert (out / "tokenizer.json").read_bytes() == (SHIPPED / "tokenizer.json").read_bytes()
     assert not out.with_name("rebuild.partial").exists()
