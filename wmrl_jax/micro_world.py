@@ -822,7 +822,7 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
         # stage, the agent's weights (the mixed schedule's), which wait for their own stage.
         in_agent_stage = done > total + stage_steps
         if in_agent_stage:
-            params, wm_params = params, other
+            wm_params = other
         else:
             agent_params, wm_params = (other if done > total else params), params
             if stage_run:
