@@ -158,7 +158,9 @@ def test_agent_replies_state_the_task_type_before_the_model():
 
 
 def test_rule_examples_teach_type_to_estimator_and_plan_to_code():
-    """The rule corpus: every task type and metric of the suite's table, no task's data, plan == code."""
+    """The rule corpus: every task type and metric of the suite's table, no task's data, plan == code
+    (the estimator, and what `predict` returns for the metric: a binary-probability metric once taught
+    `predict = model.predict` under "submit the probability of class 1", issue #26)."""
     from sandbox.suite.metrics import METRICS
 
     rules = micro_world.rule_examples(400, seed=1)
@@ -175,7 +177,11 @@ def test_rule_examples_teach_type_to_estimator_and_plan_to_code():
         assert model_line.startswith("model = ") and f"{estimator}(" in model_line
         assert ("Classifier(" in model_line or "Regression(C" in model_line or "GaussianNB" in model_line
                 or "LinearDiscriminantAnalysis" in model_line) == (category == "classification"), model_line
-        assert predict_line.startswith("predict = ")
+        # What `predict` returns follows the metric: one column of P(class 1), a column per class, or predict().
+        kind = METRICS[metric].kind
+        assert predict_line == {"proba": "predict = lambda X: model.predict_proba(X)[:, list(model.classes_).index(1)]",
+                                "classes": "predict = model.predict_proba"}.get(kind, "predict = model.predict"), \
+            (metric, predict_line)
     assert seen == set(METRICS)
 
 

@@ -288,7 +288,8 @@ def rule_examples(count: int, seed: int) -> list[tuple[str, str, str]]:
         metric = metrics[rng.integers(len(metrics))]
         grid = solutions.recipes(category == "classification")
         recipe = grid[rng.integers(len(grid))]
-        code = solutions.render(specs[category], recipe)
+        # The drawn metric decides the prediction block (what `predict` returns), as on a real task.
+        code = solutions.render(dataclasses.replace(specs[category], metric=metric), recipe)
         program = normalise_solution(code, specs[category].targets)
         head = program[:program.index("\n", program.index("\npredict = ") + 1) + 1]
         prompt = (f"<|im_start|>user\n[... truncated]\n\n{agent.task_type_line(category, metric)}<|im_end|>\n"
