@@ -98,7 +98,8 @@ def print_plan(p, hbm_bytes: float) -> None:
     s = p.shapes
     print(f"\n== {p.label}: {p.devices} devices, mesh data {p.mesh['data']} x fsdp {p.mesh['fsdp']} x tensor "
           f"{p.mesh['tensor']}, micro_batches {p.micro_batches}, remat {p.remat}; {p.n_params:,} parameters")
-    print(f"update batch [{s.batch}, {s.train_width}] ({p.train_tokens:,} tokens); agent sampler {s.sample_rows} "
+    shared = f" after {s.groups} shared prompts [{s.groups}, {s.prompt_width}]" if s.prompt_width else ""
+    print(f"update batch [{s.batch}, {s.train_width}]{shared} ({p.train_tokens:,} tokens); agent sampler {s.sample_rows} "
           f"rows x ({s.sample_prompt} prompt + {s.sample_new} new) tokens, the last of {s.turns} turns; world model "
           f"{s.wm_rows} rows x ({s.wm_prompt} + {s.wm_new}), {s.wm_calls} calls a step")
     print(f"prompts: the agent's first {s.prompt_tokens} tokens, the world model's {s.wm_prompt_raw} "
@@ -216,7 +217,7 @@ def choose_rollout(config, devices: int):
 
     from wmrl_jax.train import bill as billlib
     from wmrl_jax.train import plan as planlib
-    from wmrl_jax.train.config import resolve_mesh
+    from wmrl_jax.train.config import resolve_mesh, shares_prompt
 
     if config.rollout.get("layout", "rollout") != "rollout" or devices == 1:
         return None
@@ -225,7 +226,8 @@ def choose_rollout(config, devices: int):
     n = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
     data, fsdp, tensor = resolve_mesh(config.mesh, devices)
     est = planlib.estimated_prompt_tokens(config, _CPT.value)
-    s = planlib.shapes_of(config, _PROMPT.value or est[0], _WM_PROMPT.value or est[1], data * fsdp)
+    s = planlib.shapes_of(config, _PROMPT.value or est[0], _WM_PROMPT.value or est[1], data * fsdp,
+                          share_prompt=shares_prompt(config, devices))
     m, w = billlib.ModelCosts.of(model_config, n), billlib.workload_of(config, s, data * fsdp)
     hw = billlib.Hardware(peak_tflops=_PEAK.value, mfu=_MFU.value, hbm_tbps=_HBM_BW.value, link_gbps=_LINK.value,
                           collective_us=_LATENCY.value)

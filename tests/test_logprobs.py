@@ -206,3 +206,75 @@ def test_layer_remat_shrinks_the_backward_temporaries(name):
     assert temp["full"] < 0.4 * temp[None], temp
     if "dots" in temp:
         assert temp["full"] < temp["dots"] < 0.5 * temp[None], temp
+
+
+def _grouped_rows(rng, groups, k, prompt_width, width, vocab):
+    """G left-padded prompts and G*K right-padded continuations, and the same rows concatenated, left-padded."""
+    prompt_lens = rng.integers(3, prompt_width + 1, size=groups)
+    prompt_lens[0] = prompt_width
+    cont_lens = rng.integers(1, width + 1, size=groups * k)
+    cont_lens[-1] = width
+    prompts = np.zeros((groups, prompt_width), np.int32)
+    prompt_valid = np.arange(prompt_width)[None, :] >= (prompt_width - prompt_lens)[:, None]
+    prompts[prompt_valid] = rng.integers(3, vocab, size=int(prompt_valid.sum()))
+    cont_valid = np.arange(width)[None, :] < cont_lens[:, None]
+    cont = np.where(cont_valid, rng.integers(3, vocab, size=(groups * k, width)), 0).astype(np.int32)
+    mask = cont_valid & (rng.random(cont.shape) < 0.7)
+    full_width = prompt_width + width
+    full = np.zeros((groups * k, full_width), np.int32)
+    full_valid = np.zeros(full.shape, bool)
+    full_mask = np.zeros(full.shape, bool)
+    for b in range(groups * k):
+        row = np.concatenate([prompts[b // k][prompt_valid[b // k]], cont[b][cont_valid[b]]])
+        full[b, full_width - len(row):], full_valid[b, full_width - len(row):] = row, True
+        full_mask[b, full_width - cont_lens[b]:] = mask[b, :cont_lens[b]]
+    return (prompts, prompt_valid, cont, cont_valid, mask), (full, full_valid, full_mask, cont_lens)
+
+
+@pytest.mark.parametrize("name,remat", [("qwen3", None), ("qwen35", "full"), ("qwen35", None)])
+def test_prefix_logprobs_equal_token_logprobs_of_the_whole_rows(name, remat):
+    """Prompts run once per group (the GRPO update's prefix sharing): the same log-probs, entropies and
+    gradients as `token_logprobs` of every row written out whole. qwen35 (linear, full, linear) with a
+    chunk size below the prompt: the continuation starts from the prompt's delta-rule and conv states."""
+    from wmrl_jax.logprobs import prefix_logprobs
+
+    model = init(_remat_config(name, 3, 32, 4), jax.random.key(7))
+    groups, k = 3, 2
+    (prompts, prompt_valid, cont, cont_valid, mask), (full, full_valid, full_mask, lens) = _grouped_rows(
+        np.random.default_rng(2), groups, k, 9, 7, 128)
+    weights = jnp.linspace(-1.0, 1.0, groups * k)[:, None]
+
+    def shared(params):
+        logp, entropy = prefix_logprobs(params, model.config, model.family, prompts, prompt_valid, cont, cont_valid,
+                                        mask, group_size=k, temperature=TEMPERATURE, chunk=CHUNK, remat=remat)
+        return jnp.sum(weights * logp) + 0.1 * jnp.sum(entropy), (logp, entropy)
+
+    def whole(params):
+        logp, entropy = token_logprobs(params, model.config, model.family, full, full_valid, full_mask,
+                                       temperature=TEMPERATURE, chunk=CHUNK)
+        return jnp.sum(weights * logp) + 0.1 * jnp.sum(entropy), (logp, entropy)
+
+    (value, (logp, entropy)), grads = jax.jit(jax.value_and_grad(shared, has_aux=True))(model.params)
+    (ref_value, (ref_logp, ref_entropy)), ref_grads = jax.jit(jax.value_and_grad(whole, has_aux=True))(model.params)
+    width = cont.shape[1]
+    for b, n in enumerate(lens):   # the continuation's columns of the whole row
+        np.testing.assert_allclose(np.asarray(logp[b, :n]), np.asarray(ref_logp[b, -n:]), atol=2e-5)
+        np.testing.assert_allclose(np.asarray(entropy[b, :n]), np.asarray(ref_entropy[b, -n:]), atol=2e-5)
+        assert not np.asarray(logp[b, n:width]).any()
+    assert np.count_nonzero(np.asarray(logp)) == mask.sum() > 0
+    np.testing.assert_allclose(float(value), float(ref_value), rtol=1e-5)
+    for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(ref_grads)):
+        scale = float(np.abs(np.asarray(r)).max())
+        assert scale > 0, f"no gradient reached {jax.tree_util.keystr(path)}"
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=2e-5 * scale, err_msg=jax.tree_util.keystr(path))
+
+
+def test_prefix_logprobs_bad_arguments():
+    from wmrl_jax.logprobs import prefix_logprobs
+
+    model = init(_remat_config("qwen3", 1, 32, 4), jax.random.key(0))
+    prompts, tokens = jnp.ones((2, 5), jnp.int32), jnp.ones((6, 4), jnp.int32)
+    with pytest.raises(ValueError, match=r"group_size: 2 with 2 prompts and 6 rows; expected an int K >= 1 with "
+                                         r"rows = prompts x K"):
+        prefix_logprobs(model.params, model.config, model.family, prompts, prompts > 0, tokens, tokens > 0,
+                        group_size=2)

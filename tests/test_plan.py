@@ -74,8 +74,11 @@ def test_argument_bytes_are_the_hand_count_over_the_shards(sharded):
         per_device = plan["resident"][name]
         # Sharded weights divide exactly; the replicated ones (norms, biases: < 2 % here) add to every device.
         assert total / divisor[name] <= per_device <= 1.06 * total / divisor[name], (name, per_device, total)
-    # XLA's own argument size = state + frozen copy + the batch's shard ([16, 256] rows over data x fsdp = 4).
-    batch = out["plan"]["shapes"]["batch"] * out["plan"]["shapes"]["train_width"] * (4 + 1 + 1) + 2 * 16 * 4
+    # XLA's own argument size = state + frozen copy + the batch's shard over data x fsdp = 4: 16 rows of what
+    # follows the 4 groups' shared prompts (optim.share_prompt "auto": one group a shard), and the prompts.
+    s = out["plan"]["shapes"]
+    assert s["groups"] == 4 and s["prompt_width"] > 0 and s["train_width"] < s["prompt_width"] + 512
+    batch = s["batch"] * s["train_width"] * (4 + 1 + 1) + 2 * 16 * 4 + s["groups"] * s["prompt_width"] * (4 + 1)
     expect = sum(total / divisor[name] for name, total in hand.items()) + batch / 4
     xla = plan["programs"]["train"]["arguments"]
     assert expect <= xla <= 1.06 * expect, (xla, expect)

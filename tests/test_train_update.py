@@ -271,3 +271,83 @@ def test_float32_masters_move_where_bfloat16_weights_cannot():
         after = np.concatenate([np.asarray(x, np.float32).ravel() for x in jax.tree.leaves(new.params)])
         moved[param_dtype] = np.mean(before != after)
     assert moved[None] < 0.05 and moved["float32"] > 0.9, moved
+
+
+def grouped_episodes(seed=0, groups=4, k=2):
+    """B = G·K episodes, K a group sharing its prompt (3..6 tokens); replies with a non-loss hole; row 5 weight 0."""
+    from wmrl_jax import agent
+
+    rng = np.random.default_rng(seed)
+    episodes = []
+    for g in range(groups):
+        prompt = rng.integers(3, VOCAB, size=rng.integers(3, 7)).astype(np.int32)
+        for _ in range(k):
+            reply = rng.integers(3, VOCAB, size=rng.integers(2, 9)).astype(np.int32)
+            mask = np.r_[np.zeros(len(prompt), bool), np.ones(len(reply), bool)]
+            if len(reply) > 4:
+                mask[len(prompt) + 2] = False          # an observation token inside the continuation
+            episodes.append(agent.Episode(task_index=g, tokens=np.r_[prompt, reply], loss_mask=mask,
+                                          logprobs=np.zeros(len(mask), np.float32), prompt_len=len(prompt),
+                                          replies=[""], solution=None, observations=[], truncated=[False]))
+    advantages = rng.normal(size=groups * k).astype(np.float32)
+    weights = np.ones(groups * k, np.float32)
+    weights[5] = 0.0
+    return episodes, advantages, weights
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_shared_prompts_give_the_whole_rows_gradient(setup, micro_batches):
+    """`optim.share_prompt`: each group's prompt runs once (`loop.make_batch(prompt_width=)`), the same loss,
+    metrics and gradient as the rows written out whole; micro-batches hold whole groups."""
+    from wmrl_jax.train.loop import make_batch as loop_batch
+
+    episodes, advantages, weights = grouped_episodes()
+    whole = loop_batch(episodes, advantages, weights, width=T, pad_id=0)
+    shared = loop_batch(episodes, advantages, weights, width=9, pad_id=0, prompt_width=8, group_size=2)
+    assert shared.prompt_tokens.shape == (4, 8) and shared.tokens.shape == (B, 9) and shared.group_size == 2
+    assert "real tokens" in repr(shared) and int(whole.valid.sum()) == int(
+        shared.valid.sum() + 2 * shared.prompt_valid.sum())
+    grads, metrics = grads_and_metrics(setup, micro_batches, batch=shared)
+    ref_grads, ref_metrics = grads_and_metrics(setup, 1, batch=whole)
+    assert_trees_close(grads, ref_grads, rtol=2e-5, atol=2e-7)
+    for key in ("loss", "pg_loss", "kl", "entropy", "tokens", "sequences"):
+        np.testing.assert_allclose(metrics[key], ref_metrics[key], rtol=2e-5, err_msg=key)
+    assert metrics["tokens"] == sum(int(e.loss_mask.sum()) for i, e in enumerate(episodes) if i != 5)
+
+
+def test_shared_prompts_on_a_mesh_of_8_devices(setup):
+    """data 2 × fsdp 2 × tensor 2: 4 groups, one per data shard; params after an AdamW step equal 1 device."""
+    from wmrl_jax.train.loop import make_batch as loop_batch
+
+    family, config = setup["model"].family, setup["config"]
+    batch = loop_batch(*grouped_episodes(1), width=9, pad_id=0, prompt_width=8, group_size=2)
+    mesh, axes = make_mesh((2, 2, 2)), family.param_axes(config)
+    results = []
+    for m in (None, mesh):
+        state = update.init_train_state(jax.tree.map(jnp.copy, setup["model"].params), adamw(), mesh=m,
+                                        param_axes=None if m is None else axes)
+        ref = setup["ref"] if m is None else jax.device_put(setup["ref"], tree_shardings(m, axes, setup["ref"]))
+        step = update.make_train_step(family, config, adamw(), mesh=m, kl_coef=KL, entropy_coef=ENT, clip_eps=CLIP,
+                                      temperature=TEMPERATURE)
+        results.append(step(state, ref, batch))
+    (single, m1), (sharded, m8) = results
+    assert_trees_close(sharded.params, single.params, rtol=1e-5, atol=3e-5)
+    np.testing.assert_allclose(m8["loss"], m1["loss"], rtol=1e-5)
+
+
+def test_shared_prompt_batches_refuse_what_does_not_fit():
+    from wmrl_jax.train.loop import make_batch as loop_batch
+
+    episodes, advantages, weights = grouped_episodes()
+    with pytest.raises(ValueError, match=r"episode 2: its prompt differs from episode 0's, the first of its group "
+                                         r"of 4; expected one prompt a group \(or optim.share_prompt=False\)"):
+        loop_batch(episodes, advantages, weights, width=9, pad_id=0, prompt_width=8, group_size=4)
+    with pytest.raises(ValueError, match=r"a \d-token prompt, more than the prompt width 2"):
+        loop_batch(episodes, advantages, weights, width=9, pad_id=0, prompt_width=2, group_size=2)
+    with pytest.raises(ValueError, match=r"tokens after its prompt, more than the batch width 3"):
+        loop_batch(episodes, advantages, weights, width=3, pad_id=0, prompt_width=8, group_size=2)
+    batch = loop_batch(episodes, advantages, weights, width=9, pad_id=0, prompt_width=8, group_size=2)
+    with pytest.raises(ValueError, match=r"G=4 prompts do not split into micro_batches=8 slices of whole groups"):
+        update.check_batch(batch, 8)
+    with pytest.raises(ValueError, match=r"one is None; expected both"):
+        update.check_batch(update.Batch(**{**batch.__dict__, "prompt_valid": None}), 1)

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 
 from wmrl_jax.models.family import ModelFamily, Params
 from wmrl_jax.models.layers import positions_from_valid
+from wmrl_jax.models.sharding import is_axes
 
 
 def logprob_and_entropy(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -98,7 +99,6 @@ def token_logprobs(
         raise ValueError(f"temperature: got {temperature!r}, expected > 0")
     if not (isinstance(chunk, int) and chunk >= 1):
         raise ValueError(f"chunk: got {chunk!r}, expected an int >= 1")
-    batch, length = tokens.shape
     tokens = tokens.astype(jnp.int32)
     valid = valid.astype(bool)
     positions = positions_from_valid(valid)
@@ -109,12 +109,107 @@ def token_logprobs(
     scored = valid & jnp.pad(valid[:, :-1], ((0, 0), (1, 0)))
     if mask is not None:
         scored = scored & mask.astype(bool)
+    logp, entropy = _chunked_head(params, config, family, hidden_prev, tokens, temperature, chunk)
+    return jnp.where(scored, logp, 0.0), jnp.where(scored, entropy, 0.0)
 
+
+def prefix_logprobs(
+    params: Params,
+    config: Any,
+    family: ModelFamily,
+    prompt_tokens: jax.Array,
+    prompt_valid: jax.Array,
+    tokens: jax.Array,
+    valid: jax.Array,
+    mask: jax.Array | None = None,
+    *,
+    group_size: int,
+    temperature: float = 1.0,
+    chunk: int = 128,
+    remat: str | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """`token_logprobs` of rows that share their prompt in groups: each prompt runs once, not once a row.
+
+    Row b continues prompt ``g = b // group_size`` (a GRPO group: K rollouts of
+    one prompt). The prompts run through `family.forward` into a cache of
+    ``P + T`` slots (attention keys and values, the recurrent and conv states
+    of linear-attention layers), the cache is copied to the rows of each
+    group, and the continuations run from it:
+
+        logp[b, t] = log softmax(unembed(h[b, t-1]) / temperature)[tokens[b, t]]
+
+    where h is the hidden state of prompt g followed by ``tokens[b, :t]``
+    (the prompt's last position predicts t = 0). The same values as
+    `token_logprobs` of the concatenated rows, up to float rounding, for
+    ``G * P + B * T`` tokens through the backbone instead of ``B * (P + T)``.
+    Gradients flow into the prompts' forward through the cache (summed over
+    the group's rows). Offsets are static (the cache's write index is a
+    Python int), so the blocked attention's recomputing backward applies.
+
+    Args:
+      params, config, family: the model (`wmrl_jax.models.family` contract).
+      prompt_tokens, prompt_valid: int32 / bool[G, P], LEFT-padded prompts
+        (every prompt's last column is a real token).
+      tokens, valid: int32 / bool[B, T], B = G * group_size, the continuations,
+        RIGHT-padded (each row's real tokens first).
+      mask: optional bool[B, T]: positions to score; others get 0, no gradient.
+      group_size: static K, the rows per prompt.
+      temperature, chunk, remat: as `token_logprobs`.
+
+    Returns:
+      (logp float32[B, T], entropy float32[B, T]), zeros where not scored.
+    """
+    chex.assert_rank([prompt_tokens, prompt_valid, tokens, valid], 2)
+    chex.assert_equal_shape([prompt_tokens, prompt_valid])
+    chex.assert_equal_shape([tokens, valid])
+    if mask is not None:
+        chex.assert_equal_shape([tokens, mask])
+    groups, prompt_len = prompt_tokens.shape
+    batch, length = tokens.shape
+    if not (isinstance(group_size, int) and group_size >= 1) or batch != groups * group_size:
+        raise ValueError(f"group_size: {group_size!r} with {groups} prompts and {batch} rows; expected an int "
+                         f"K >= 1 with rows = prompts x K")
+    if not temperature > 0.0:
+        raise ValueError(f"temperature: got {temperature!r}, expected > 0")
+    if not (isinstance(chunk, int) and chunk >= 1):
+        raise ValueError(f"chunk: got {chunk!r}, expected an int >= 1")
+    prompt_valid, valid = prompt_valid.astype(bool), valid.astype(bool)
+    floating = [x for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)]
+    dtype = max(floating, key=lambda x: x.size).dtype   # the matmul dtype (norms may stay f32)
+    # A Python-int write index: static offsets, so attention under jax.grad takes the recomputing backward.
+    cache = {**family.init_cache(config, groups, prompt_len + length, dtype), "index": 0}
+    hidden, cache = family.forward(params, config, prompt_tokens.astype(jnp.int32),
+                                   positions_from_valid(prompt_valid), prompt_valid, cache, remat=remat)
+    rows = jnp.arange(batch) // group_size
+    axes = family.cache_axes(config)
+    cache = jax.tree.map(lambda names, x: jnp.repeat(x, group_size, axis=names.index("batch"))
+                         if "batch" in names else x, axes, cache, is_leaf=is_axes)
+    held = jnp.sum(prompt_valid, axis=1, dtype=jnp.int32)[rows]
+    tokens = tokens.astype(jnp.int32)
+    cont, _ = family.forward(params, config, tokens, positions_from_valid(valid) + held[:, None], valid, cache,
+                             remat=remat)
+    # Left padding puts each prompt's last real token in its last column: it predicts the continuation's first.
+    hidden_prev = jnp.concatenate([hidden[rows, -1:], cont[:, :-1]], axis=1)
+    scored = valid & jnp.pad(valid[:, :-1], ((0, 0), (1, 0)), constant_values=True)
+    if mask is not None:
+        scored = scored & mask.astype(bool)
+    logp, entropy = _chunked_head(params, config, family, hidden_prev, tokens, temperature, chunk)
+    return jnp.where(scored, logp, 0.0), jnp.where(scored, entropy, 0.0)
+
+
+def _chunked_head(params, config, family, hidden_prev, targets, temperature: float, chunk: int):
+    """(logp, entropy) float32[B, T] of `targets` under unembed(`hidden_prev`), C positions at a time.
+
+    The head runs under `lax.scan` over chunks of the sequence, each under
+    `jax.checkpoint`: only one [B, C, V] block of logits is alive at a time,
+    in the forward and in the backward.
+    """
+    batch, length = targets.shape
     chunk = min(chunk, length)
     num_chunks = -(-length // chunk)
     pad = num_chunks * chunk - length
     hidden_prev = jnp.pad(hidden_prev, ((0, 0), (0, pad), (0, 0)))
-    targets = jnp.pad(tokens, ((0, 0), (0, pad)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
     # [n, B, C, ...]: scan over chunks of the sequence axis.
     hidden_chunks = hidden_prev.reshape(batch, num_chunks, chunk, -1).swapaxes(0, 1)
     target_chunks = targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
@@ -132,4 +227,4 @@ def token_logprobs(
     _, (logp, entropy) = jax.lax.scan(body, None, (hidden_chunks, target_chunks))
     logp = logp.swapaxes(0, 1).reshape(batch, -1)[:, :length]
     entropy = entropy.swapaxes(0, 1).reshape(batch, -1)[:, :length]
-    return jnp.where(scored, logp, 0.0), jnp.where(scored, entropy, 0.0)
+    return logp, entropy

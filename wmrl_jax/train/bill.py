@@ -111,6 +111,8 @@ class Workload:
     wm_samples: int         # K
     wm_prompt: int
     wm_new: int
+    groups: int = 0         # G shared prompts of the update's batch (optim.share_prompt; 0: not shared)
+    prompt_width: int = 0   # their padded width P; train_width is then what follows them
 
     @property
     def trained_tokens(self) -> int:
@@ -125,6 +127,9 @@ class Workload:
 
         out = dataclasses.replace(self, prompt=n(self.prompt), reply=n(self.reply), observation=n(self.observation),
                                   wm_prompt=n(self.wm_prompt), wm_new=n(self.wm_new))
+        if self.prompt_width:
+            after = out.trained_tokens - out.prompt + out.turns
+            return dataclasses.replace(out, prompt_width=-(-out.prompt // 32) * 32, train_width=-(-after // 32) * 32)
         return dataclasses.replace(out, train_width=-(-out.trained_tokens // 256) * 256)
 
 
@@ -135,7 +140,8 @@ def workload_of(config, shapes, batch_shards: int) -> Workload:
                     reply=a.max_new_tokens, observation=a.observation_max_tokens + 64, train_width=shapes.train_width,
                     micro_batches=config.optim.micro_batches, wm_calls=shapes.wm_calls,
                     wm_rows=bucket_size(shapes.batch, 1, batch_shards), wm_samples=w.num_samples,
-                    wm_prompt=shapes.wm_prompt_raw, wm_new=w.max_new_tokens)
+                    wm_prompt=shapes.wm_prompt_raw, wm_new=w.max_new_tokens, groups=shapes.groups,
+                    prompt_width=shapes.prompt_width)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,9 +207,9 @@ def step_bill(m: ModelCosts, w: Workload, lay: Layout, hw: Hardware) -> dict:
     """Seconds a step of each phase (per device, all devices busy): {phase: {flops, compute_s, floor_s, s, bound}}."""
     d = lay.devices
     out = {}
-    # update: policy fwd + bwd (3 forwards) and the reference's forward, at the padded width.
-    per_seq = _forward_flops(m, w.train_width, 0)
-    seqs_here = w.batch / (lay.data * lay.fsdp)
+    # update: policy fwd + bwd (3 forwards) and the reference's forward, at the padded width; shared
+    # prompts run once a group and the rows' continuations attend to them.
+    per_seq = _forward_flops(m, w.train_width, w.prompt_width) + w.groups / w.batch * _forward_flops(m, w.prompt_width, 0)
     weights = 2.0 * m.n_matmul / lay.tensor
     gathers = 0.0
     if lay.fsdp > 1:
@@ -211,7 +217,8 @@ def step_bill(m: ModelCosts, w: Workload, lay: Layout, hw: Hardware) -> dict:
         gathers = w.micro_batches * (lay.fsdp - 1) / lay.fsdp * weights * (2 + ref_gathered + 2)  # + f32 grads
     allreduce = 0.0
     if lay.tensor > 1:
-        allreduce = seqs_here * 8 * m.layers * 2 * (lay.tensor - 1) / lay.tensor * w.train_width * m.hidden * 2
+        tokens_here = (w.batch * w.train_width + w.groups * w.prompt_width) / (lay.data * lay.fsdp)
+        allreduce = tokens_here * 8 * m.layers * 2 * (lay.tensor - 1) / lay.tensor * m.hidden * 2
     out["update"] = _phase(4 * per_seq * w.batch, (gathers + allreduce) / (hw.link_gbps * 1e9), d, hw)
     # reshard: read the f32 master shard, write the bf16 rollout shard, receive what this device did not hold.
     if lay.rollout:

@@ -218,3 +218,27 @@ def validate(config, *, device_count: int | None = None) -> None:
     if (batch // micro) % (data * fsdp):
         _fail("optim.micro_batches", micro, f"micro-batches of {batch} / {micro} = {batch // micro} sequences "
                                             f"divisible by the mesh's data x fsdp = {data} x {fsdp}")
+    share = config.optim.get("share_prompt", "auto")
+    if share not in ("auto", True, False) or isinstance(share, int) and not isinstance(share, bool):
+        _fail("optim.share_prompt", share, "'auto', True or False")
+    if share is True and not _whole_groups(groups, micro, data * fsdp):
+        _fail("optim.share_prompt", share, f"'auto' or False: with it each micro-batch, and each of its data x fsdp "
+                                           f"= {data * fsdp} shards, holds whole groups; groups_per_step / "
+                                           f"micro_batches = {groups} / {micro} does not split so")
+
+
+def _whole_groups(groups: int, micro_batches: int, shards: int) -> bool:
+    return groups % micro_batches == 0 and (groups // micro_batches) % shards == 0
+
+
+def shares_prompt(config, device_count: int | None = None) -> bool:
+    """Whether the update runs each group's prompt once (`optim.share_prompt`; "auto": when each
+    micro-batch, and each data shard of it, can hold whole groups -- not the paper's 8 GPUs, whose
+    32 micro-batches of 2 rows split every group of 8)."""
+    share = config.optim.get("share_prompt", "auto")
+    if share != "auto":
+        return bool(share)
+    if device_count is None:
+        device_count = jax.device_count()
+    data, fsdp, _ = resolve_mesh(config.mesh, device_count) if device_count > 1 else (1, 1, 1)
+    return _whole_groups(config.rollout.groups_per_step, config.optim.micro_batches, data * fsdp)

@@ -58,13 +58,14 @@ from wmrl_jax.evaluate import evaluate
 from wmrl_jax.models import attention, make_mesh, save_hf
 from wmrl_jax.train import multihost, rollout, update
 from wmrl_jax.train.checkpoint import Checkpointer
-from wmrl_jax.train.config import agent_config, resolve_mesh, validate, world_model_config
+from wmrl_jax.train.config import agent_config, resolve_mesh, shares_prompt, validate, world_model_config
 from wmrl_jax.train.metrics import SummaryWriter
 from wmrl_jax.train.report import (RunSummary, held_out_scalars, log_pairs, percent, progress_fields, progress_legend,
                                    rollout_text, step_scalars)
 from wmrl_jax.train.rewards import RewardRouter
 from wmrl_jax.train.run import (MODES, Arm, Counters, SeedStream, TaskCursor, batch_width, checkpoint_tree,
-                                correction_state, eval_seed, load_tasks, make_sandbox_pool, seed_for, step_seed)
+                                correction_state, eval_seed, load_tasks, make_sandbox_pool, seed_for, shared_prompt_widths,
+                                step_seed)
 
 
 def make_pool(config):
@@ -77,8 +78,18 @@ def make_pool(config):
     return multihost.ProcessZeroPool(real) if jax.process_count() > 1 else real
 
 
-def make_batch(episodes, advantages: np.ndarray, weights: np.ndarray, *, width: int, pad_id: int) -> update.Batch:
-    """Left-pads the episodes into a `train.update.Batch` of [B, width] arrays."""
+def make_batch(episodes, advantages: np.ndarray, weights: np.ndarray, *, width: int, pad_id: int,
+               prompt_width: int | None = None, group_size: int = 1) -> update.Batch:
+    """The episodes as a `train.update.Batch`.
+
+    prompt_width None: each row whole, left-padded to [B, width]. Otherwise
+    each run of `group_size` episodes (a GRPO group: one prompt) shares its
+    prompt: the prompts left-padded to [G, prompt_width], what follows them
+    right-padded to [B, width] (`logprobs.prefix_logprobs`).
+    """
+    if prompt_width is not None:
+        return _shared_prompt_batch(episodes, advantages, weights, width=width, pad_id=pad_id,
+                                    prompt_width=prompt_width, group_size=group_size)
     batch = len(episodes)
     tokens = np.full((batch, width), pad_id, np.int32)
     valid = np.zeros((batch, width), bool)
@@ -90,6 +101,35 @@ def make_batch(episodes, advantages: np.ndarray, weights: np.ndarray, *, width: 
         tokens[i, width - n:], valid[i, width - n:], mask[i, width - n:] = e.tokens, True, e.loss_mask
     return update.Batch(tokens=tokens, valid=valid, loss_mask=mask, advantages=advantages.astype(np.float32),
                         weights=weights.astype(np.float32))
+
+
+def _shared_prompt_batch(episodes, advantages, weights, *, width, pad_id, prompt_width, group_size):
+    if group_size < 1 or len(episodes) % group_size:
+        raise ValueError(f"group_size: {group_size!r} for {len(episodes)} episodes; expected a divisor")
+    groups = len(episodes) // group_size
+    prompts = np.full((groups, prompt_width), pad_id, np.int32)
+    prompt_valid = np.zeros((groups, prompt_width), bool)
+    tokens = np.full((len(episodes), width), pad_id, np.int32)
+    valid = np.zeros((len(episodes), width), bool)
+    mask = np.zeros((len(episodes), width), bool)
+    for g in range(groups):
+        first = episodes[g * group_size]
+        prompt = first.tokens[:first.prompt_len]
+        if len(prompt) > prompt_width:
+            raise ValueError(f"episode {g * group_size}: a {len(prompt)}-token prompt, more than the prompt width "
+                             f"{prompt_width}")
+        prompts[g, prompt_width - len(prompt):], prompt_valid[g, prompt_width - len(prompt):] = prompt, True
+        for i in range(g * group_size, (g + 1) * group_size):
+            e = episodes[i]
+            if e.prompt_len != len(prompt) or not np.array_equal(e.tokens[:e.prompt_len], prompt):
+                raise ValueError(f"episode {i}: its prompt differs from episode {g * group_size}'s, the first of its "
+                                 f"group of {group_size}; expected one prompt a group (or optim.share_prompt=False)")
+            n = len(e.tokens) - e.prompt_len
+            if n > width:
+                raise ValueError(f"episode {i}: {n} tokens after its prompt, more than the batch width {width}")
+            tokens[i, :n], valid[i, :n], mask[i, :n] = e.tokens[e.prompt_len:], True, e.loss_mask[e.prompt_len:]
+    return update.Batch(tokens=tokens, valid=valid, loss_mask=mask, advantages=advantages.astype(np.float32),
+                        weights=weights.astype(np.float32), prompt_tokens=prompts, prompt_valid=prompt_valid)
 
 
 # --------------------------------------------------------------------------- the run's parts
@@ -109,7 +149,7 @@ class Run:
     wm_lm: chat.ChatModel        # the frozen world model: `lm`, or the checkpoint's own (`world_model.load`)
     agent_config: agent.AgentConfig
     wm_config: Any
-    width: int                   # the update's fixed [B, T] width
+    width: int                   # the update's fixed [B, T] width (with prompt_width: what follows the prompt)
     ref_params: Any              # the frozen copy (reference policy and world model), never donated
     step_fn: Any
     state: update.TrainState
@@ -124,6 +164,7 @@ class Run:
     pool: Any
     eval_before: dict | None = None
     final: dict = dataclasses.field(default_factory=dict)   # the last step's scalars
+    prompt_width: int | None = None   # [G, P] shared prompts of the update's batch (optim.share_prompt), or None
 
     @property
     def eval_attempts(self) -> int:
@@ -215,9 +256,13 @@ def start_run(config) -> Run:
             print(f"resumed from {workdir / 'checkpoints'} at step {first_step}")
     if primary:
         (workdir / "config.json").write_text(config.to_json_best_effort(indent=1) + "\n")
+    if shares_prompt(config):
+        prompt_width, width = shared_prompt_widths(config, prompt_tokens)
+    else:
+        prompt_width, width = None, batch_width(config, prompt_tokens)
     return Run(config=config, arm=arm, workdir=workdir, primary=primary, multi_process=multi_process,
                train_tasks=train_tasks, eval_tasks=eval_tasks, lm=lm, wm_lm=wm_lm, agent_config=acfg,
-               wm_config=world_model_config(config), width=batch_width(config, prompt_tokens), ref_params=ref_params,
+               wm_config=world_model_config(config), width=width, prompt_width=prompt_width, ref_params=ref_params,
                step_fn=step_fn, state=state, resharder=resharder, corr=corr, key=key, counters=counters,
                cursor=TaskCursor(len(train_tasks), config.seed, cursor_pos), first_step=first_step, ckpt=ckpt,
                writer=SummaryWriter(workdir / "tb") if primary else None, pool=make_pool(config),
@@ -281,7 +326,7 @@ def train_step(run: Run, step: int) -> dict:
     out = jax.device_get(out)
     graded = np.asarray(out.graded) & np.asarray(out.used)[:, None]
     batch = make_batch(episodes, np.asarray(out.advantages).reshape(-1), graded.reshape(-1),
-                       width=run.width, pad_id=run.lm.pad_id)
+                       width=run.width, pad_id=run.lm.pad_id, prompt_width=run.prompt_width, group_size=group_size)
     t0 = time.perf_counter()
     run.state, train_metrics = run.step_fn(run.state, run.ref_params, batch)
     train_metrics = jax.device_get(train_metrics)

@@ -66,8 +66,8 @@ from wmrl_jax.models import get_family, make_mesh, qwen35
 from wmrl_jax.models.sharding import tree_shardings
 from wmrl_jax.sampling import bucket_size
 from wmrl_jax.train import rollout, update
-from wmrl_jax.train.config import agent_config, remat_policy, resolve_mesh, world_model_config
-from wmrl_jax.train.run import batch_width
+from wmrl_jax.train.config import agent_config, remat_policy, resolve_mesh, shares_prompt, world_model_config
+from wmrl_jax.train.run import batch_width, shared_prompt_widths
 
 GIB = 2**30  # HBM sizes as nvidia-smi counts them: an "80 GB" A100 holds 80 GiB
 
@@ -271,7 +271,7 @@ class Shapes:
     """The token shapes the loop's three programs see (see `shapes_of`)."""
 
     batch: int                 # B = groups_per_step × group_size sequences
-    train_width: int           # T of the update's [B, T] batch (loop.batch_width)
+    train_width: int           # T of the update's [B, T] batch (loop.batch_width; shared prompts: what follows them)
     prompt_tokens: int         # the agent's first prompt
     sample_rows: int           # rows of the agent's generate call (B bucketed as generate does)
     sample_prompt: int         # the last turn's prompt, bucketed to a power of two
@@ -283,9 +283,17 @@ class Shapes:
     wm_prompt_raw: int         # before bucketing
     wm_new: int
     wm_calls: int              # world-model generate calls a step (between turns and the final scoring)
+    groups: int = 0            # G prompts of the update's batch when a group shares its prompt (optim.share_prompt)
+    prompt_width: int = 0      # P of those [G, P] prompts (0: not shared)
+
+    @property
+    def train_tokens(self) -> int:
+        """Token slots the update's backbone runs over (padding included)."""
+        return self.groups * self.prompt_width + self.batch * self.train_width
 
 
-def shapes_of(config, prompt_tokens: int, wm_prompt_tokens: int, batch_shards: int) -> Shapes:
+def shapes_of(config, prompt_tokens: int, wm_prompt_tokens: int, batch_shards: int, share_prompt: bool = False) -> Shapes:
+    """share_prompt: the update's batch as the loop makes it with `train.config.shares_prompt` true."""
     a, w = config.agent, config.world_model
     batch = config.rollout.groups_per_step * config.rollout.group_size
     # A turn adds the reply (max_new_tokens, + an EOS when cut), the observation and its template (batch_width's 64).
@@ -296,7 +304,11 @@ def shapes_of(config, prompt_tokens: int, wm_prompt_tokens: int, batch_shards: i
     # rollout to score it; each call's rows are bucketed by `generate` (48 of 64 rows -> 64).
     calls = a.max_turns if config.rewards.mode != "real" else 0
     wm_rows = bucket_size(batch * w.num_samples, 1, batch_shards)
-    return Shapes(batch=batch, train_width=batch_width(config, prompt_tokens), prompt_tokens=prompt_tokens,
+    groups, (prompt_width, train_width) = 0, (0, batch_width(config, prompt_tokens))
+    if share_prompt:
+        groups, (prompt_width, train_width) = config.rollout.groups_per_step, shared_prompt_widths(config, prompt_tokens)
+    return Shapes(batch=batch, train_width=train_width, groups=groups, prompt_width=prompt_width,
+                  prompt_tokens=prompt_tokens,
                   sample_rows=rows, sample_prompt=buckets[-1], sample_new=a.max_new_tokens, turns=a.max_turns,
                   turn_prompts=buckets, wm_rows=wm_rows, wm_prompt=bucket_size(wm_prompt_tokens, 16),
                   wm_prompt_raw=wm_prompt_tokens, wm_new=w.max_new_tokens, wm_calls=calls)
@@ -385,11 +397,13 @@ def abstract_state(config, family, model_config, mesh):
 
 def compile_train(config, family, model_config, mesh, shapes: Shapes, optimizer, state, ref) -> Program:
     """The loop's jitted GRPO update (`update.make_train_step`, built as `loop.train` builds it), compiled."""
-    b, t = shapes.batch, shapes.train_width
+    b, t, g, p = shapes.batch, shapes.train_width, shapes.groups, shapes.prompt_width
     batch = update.Batch(tokens=jax.ShapeDtypeStruct((b, t), jnp.int32), valid=jax.ShapeDtypeStruct((b, t), bool),
                          loss_mask=jax.ShapeDtypeStruct((b, t), bool),
                          advantages=jax.ShapeDtypeStruct((b,), jnp.float32),
-                         weights=jax.ShapeDtypeStruct((b,), jnp.float32))
+                         weights=jax.ShapeDtypeStruct((b,), jnp.float32),
+                         prompt_tokens=jax.ShapeDtypeStruct((g, p), jnp.int32) if p else None,
+                         prompt_valid=jax.ShapeDtypeStruct((g, p), bool) if p else None)
     step = update.make_train_step(family, model_config, optimizer, kl_coef=config.optim.kl_coef,
                                   entropy_coef=config.optim.entropy_coef, clip_eps=config.optim.clip_eps,
                                   micro_batches=config.optim.micro_batches, remat=config.optim.remat, mesh=mesh,
@@ -498,7 +512,8 @@ def plan(config, devices: int, *, prompt_tokens: int | None = None, wm_prompt_to
     sizes = dict(zip(("data", "fsdp", "tensor"), resolve_mesh(config.mesh, devices)))
     est_prompt, est_wm = estimated_prompt_tokens(config, chars_per_token)
     shards = 1 if mesh is None else sizes["data"] * sizes["fsdp"]
-    shapes = shapes_of(config, prompt_tokens or est_prompt, wm_prompt_tokens or est_wm, shards)
+    shapes = shapes_of(config, prompt_tokens or est_prompt, wm_prompt_tokens or est_wm, shards,
+                       share_prompt=shares_prompt(config, devices))
     micro = config.optim.micro_batches
     if shapes.batch % micro or (shapes.batch // micro) % shards:
         raise ValueError(f"config.optim.micro_batches: {micro}, expected micro-batches of {shapes.batch} / {micro} "
@@ -559,7 +574,7 @@ def plan(config, devices: int, *, prompt_tokens: int | None = None, wm_prompt_to
             phases[name] = everything + (p.arguments - params_in) + p.outputs - p.aliased + p.temporaries
     return Plan(label=label or config.model_preset, devices=devices, mesh=sizes, micro_batches=micro,
                 remat=remat_policy(config.optim.remat) is not None, n_params=n_params, shapes=shapes, resident=resident, kv_cache=kv,
-                programs=out, phases=phases, train_tokens=shapes.batch * shapes.train_width, rollout=rollout_info)
+                programs=out, phases=phases, train_tokens=shapes.train_tokens, rollout=rollout_info)
 
 
 # --------------------------------------------------------------------------- analytic FLOPs and hours
@@ -587,7 +602,12 @@ def analytic_flops(config, model_config, n_params: int, shapes: Shapes) -> dict:
         return seqs * (2.0 * n * tokens_per_seq + per_attn * tokens_per_seq**2)
 
     s = shapes
-    train = 3 * forward(s.train_width, s.batch) + forward(s.train_width, s.batch)   # policy fwd+bwd, reference fwd
+    if s.prompt_width:   # each group's prompt once; the continuations attend to it as well as to themselves
+        one = forward(s.prompt_width, s.groups) + s.batch * (2.0 * n * s.train_width + per_attn * (
+            s.train_width**2 + 2 * s.prompt_width * s.train_width))
+    else:
+        one = forward(s.train_width, s.batch)
+    train = 3 * one + one   # policy fwd+bwd, reference fwd
     prefill = sum(forward(p, s.sample_rows) for p in s.turn_prompts)
     # A decode step of one token against a context of L: 2N + 4·L·heads·head_dim per full layer.
     decode = 0.0
@@ -597,7 +617,7 @@ def analytic_flops(config, model_config, n_params: int, shapes: Shapes) -> dict:
     wm = s.wm_calls * (forward(s.wm_prompt, s.wm_rows)
                        + s.wm_rows * s.wm_new * (2.0 * n + 2 * per_attn * (s.wm_prompt + s.wm_new / 2)))
     return {"train": train, "agent prefill": prefill, "agent decode": decode, "world model": wm,
-            "6N": 6.0 * n * s.batch * s.train_width, "n_matmul": n}
+            "6N": 6.0 * n * s.train_tokens, "n_matmul": n}
 
 
 def gpu_hours(flops_per_step: float, steps: int, mfu: float, peak_tflops: float) -> float:

@@ -176,6 +176,19 @@ def batch_width(config, prompt_tokens: int) -> int:
     return -(-longest // 256) * 256
 
 
+def shared_prompt_widths(config, prompt_tokens: int) -> tuple[int, int]:
+    """(P, T) of the update's batch when a group's rows share their prompt (`optim.share_prompt`), in 32s.
+
+    P holds the longest prompt; T the longest continuation: per turn the reply
+    (max_new_tokens, + the end-of-turn token the agent closes a cut reply
+    with), and between turns the observation and its template (64). Fixed
+    for the run: one compiled update.
+    """
+    a = config.agent
+    longest = a.max_turns * (a.max_new_tokens + 1) + (a.max_turns - 1) * (a.observation_max_tokens + 64)
+    return -(-prompt_tokens // 32) * 32, -(-longest // 32) * 32
+
+
 def make_sandbox_pool(config):
     """The sandbox pool `config.sandbox` asks for (backend "local" or "ray"), on this process."""
     s = config.sandbox
@@ -185,4 +198,4 @@ def make_sandbox_pool(config):
 
 __all__ = ["Arm", "Counters", "HELD_OUT", "MODES", "SeedStream", "TaskCursor", "abstract_checkpoint_tree",
            "batch_width", "checkpoint_tree", "correction_state", "eval_seed", "load_tasks", "make_sandbox_pool",
-           "seed_for", "step_seed"]
+           "seed_for", "shared_prompt_widths", "step_seed"]

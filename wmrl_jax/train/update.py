@@ -11,13 +11,16 @@ For a batch of B = groups_per_step × group_size left-padded sequences [B, T]:
                                                             paper's recipe): the ratio is exactly 1
     loss     = losses.grpo_loss(logp, old_logp, ref_logp, A, m, kl_coef, entropy=H, entropy_coef)
 
-with token-mean aggregation over the WHOLE batch: Σ_bt m·l / Σ_bt m. Ungraded
+(with `Batch.prompt_tokens` the rows of a group share their prompt, which runs
+once: `logprobs.prefix_logprobs`, same values up to float rounding) with
+token-mean aggregation over the WHOLE batch: Σ_bt m·l / Σ_bt m. Ungraded
 rollouts have weight 0 and drop out of the mask entirely -- they are masked,
 never scored 0 (docs/design.md, "Advantages").
 
 Gradient accumulation. The batch is cut into `micro_batches` equal slices
 (strided rows b ≡ i mod M, so each slice is spread over every data shard and
-slicing moves no data) and scanned with `lax.scan`. Each slice contributes its
+slicing moves no data; whole groups i, i+M, ... when rows share prompts) and
+scanned with `lax.scan`. Each slice contributes its
 token SUM n_i·loss_i, and the summed gradient is divided once by the total
 token count N = Σ_i n_i: the result equals the full-batch gradient up to float
 rounding, never a mean of per-slice means (which would over-weight short
@@ -61,7 +64,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from wmrl_jax import losses
-from wmrl_jax.logprobs import token_logprobs
+from wmrl_jax.logprobs import prefix_logprobs, token_logprobs
 from wmrl_jax.models.family import REMAT_POLICIES
 from wmrl_jax.models.sharding import logical_to_spec, tree_shardings
 
@@ -104,13 +107,17 @@ class TrainState:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True, repr=False)
 class Batch:
-    """One GRPO batch: B = groups_per_step × group_size sequences, left-padded to T.
+    """One GRPO batch: B = groups_per_step × group_size sequences.
 
-    tokens: int32[B, T] prompt, agent replies and observations.
+    tokens: int32[B, T] prompt, agent replies and observations, left-padded; or, with `prompt_tokens`,
+      what follows the group's shared prompt, right-padded.
     valid: bool[B, T] real (non-padding) tokens.
     loss_mask: bool[B, T] agent tokens only (never prompt or observation tokens).
     advantages: float32[B] group-relative advantages (0 where a rollout is ungraded).
     weights: float32[B] 1.0 for rollouts in the loss, 0.0 for ungraded ones (masked out, never scored 0).
+    prompt_tokens, prompt_valid: None, or int32 / bool[G, P] the prompt each group of K = B / G rows shares
+      (rows g·K … g·K + K − 1), left-padded: the update runs it once per group, not once per row
+      (`logprobs.prefix_logprobs`; `loop.make_batch(prompt_width=)`).
     """
 
     tokens: Any
@@ -118,14 +125,25 @@ class Batch:
     loss_mask: Any
     advantages: Any
     weights: Any
+    prompt_tokens: Any = None
+    prompt_valid: Any = None
+
+    @property
+    def group_size(self) -> int | None:
+        """K, the rows sharing one prompt (None: every row holds its whole sequence)."""
+        return None if self.prompt_tokens is None else np.shape(self.tokens)[0] // np.shape(self.prompt_tokens)[0]
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{f.name}={_describe(getattr(self, f.name))}" for f in dataclasses.fields(self))
-        if not all(_concrete(getattr(self, f.name)) for f in dataclasses.fields(self)):
+        present = [f for f in dataclasses.fields(self) if getattr(self, f.name) is not None]
+        fields = ", ".join(f"{f.name}={_describe(getattr(self, f.name))}" for f in present)
+        if not all(_concrete(getattr(self, f.name)) for f in present):
             return f"Batch({fields})"
         weighted = np.asarray(self.weights) > 0
         loss_tokens = int((np.asarray(self.loss_mask) & weighted[:, None]).sum())
-        return (f"Batch({fields}; {int(np.asarray(self.valid).sum()):,} real tokens, {loss_tokens:,} loss tokens, "
+        real = int(np.asarray(self.valid).sum())
+        if self.prompt_tokens is not None:
+            real += int((np.asarray(self.prompt_valid).sum(axis=1) * self.group_size).sum())
+        return (f"Batch({fields}; {real:,} real tokens, {loss_tokens:,} loss tokens, "
                 f"{int(weighted.sum())}/{weighted.size} rollouts weighted)")
 
 
@@ -233,11 +251,34 @@ def check_batch(batch: Batch, micro_batches: int, data_shards: int = 1) -> None:
         raise ValueError(f"batch.tokens: B={size} sequences give micro-batches of {size // micro_batches}, not "
                          f"divisible by the mesh's data×fsdp size {data_shards}; expected B divisible by "
                          f"micro_batches×data×fsdp = {micro_batches * data_shards}")
+    if (batch.prompt_tokens is None) != (batch.prompt_valid is None):
+        raise ValueError("batch.prompt_tokens / batch.prompt_valid: one is None; expected both (shared prompts) "
+                         "or neither")
+    if batch.prompt_tokens is None:
+        return
+    prompts = batch.prompt_tokens
+    if len(np.shape(prompts)) != 2 or tuple(np.shape(batch.prompt_valid)) != tuple(np.shape(prompts)):
+        raise ValueError(f"batch.prompt_tokens / prompt_valid: shapes {tuple(np.shape(prompts))}, "
+                         f"{tuple(np.shape(batch.prompt_valid))}, expected equal [G, P]")
+    if not np.issubdtype(np.dtype(prompts.dtype), np.integer):
+        raise TypeError(f"batch.prompt_tokens: dtype {prompts.dtype}, expected int32")
+    if not np.issubdtype(np.dtype(batch.prompt_valid.dtype), np.bool_):
+        raise TypeError(f"batch.prompt_valid: dtype {batch.prompt_valid.dtype}, expected bool")
+    groups = np.shape(prompts)[0]
+    if groups == 0 or size % groups:
+        raise ValueError(f"batch.prompt_tokens: {groups} prompts for B={size} rows; expected B = G × group size")
+    if groups % micro_batches or (groups // micro_batches) % data_shards:
+        raise ValueError(f"batch.prompt_tokens: G={groups} prompts do not split into micro_batches={micro_batches} "
+                         f"slices of whole groups spread over the mesh's data×fsdp size {data_shards}; expected G "
+                         f"divisible by {micro_batches * data_shards} (or unshared prompts, optim.share_prompt=False)")
 
 
-def _strided_slices(x: jax.Array, micro_batches: int) -> jax.Array:
-    """[B, ...] -> [M, B/M, ...]; slice i holds rows i, i+M, i+2M, ... (a local reshape on each data shard)."""
-    return x.reshape(x.shape[0] // micro_batches, micro_batches, *x.shape[1:]).swapaxes(0, 1)
+def _strided_slices(x: jax.Array, micro_batches: int, rows_per_unit: int = 1) -> jax.Array:
+    """[B, ...] -> [M, B/M, ...]; slice i holds units i, i+M, i+2M, ... of `rows_per_unit` rows each
+    (a row, or a group that shares a prompt; a local reshape on each data shard)."""
+    units = x.shape[0] // rows_per_unit
+    x = x.reshape(units // micro_batches, micro_batches, rows_per_unit, *x.shape[1:]).swapaxes(0, 1)
+    return x.reshape(micro_batches, -1, *x.shape[3:])
 
 
 class TrainStep:
@@ -358,17 +399,24 @@ def make_train_step(family, model_config, optimizer: optax.GradientTransformatio
 
     def micro_batch_sums(params, ref_params, mb: Batch):
         """Token SUMS of the loss and its terms over one micro-batch, and the gradient of the loss sum."""
-        prev_valid = jnp.pad(mb.valid[:, :-1], ((0, 0), (1, 0)))
+        # Left-padded rows: a token is scored when the one before it is real. Continuations of a shared
+        # prompt are right-padded and their first token follows the prompt's last.
+        prev_valid = jnp.pad(mb.valid[:, :-1], ((0, 0), (1, 0)), constant_values=mb.prompt_tokens is not None)
         mask = mb.loss_mask & mb.valid & prev_valid & (mb.weights > 0)[:, None]
         count = mask.sum().astype(jnp.float32)
-        ref_logp, _ = token_logprobs(ref_params, model_config, family, mb.tokens, mb.valid, mask, **logprobs_kw)
-        ref_logp = jax.lax.stop_gradient(ref_logp)
+
+        def logprobs(params, **kw):
+            if mb.prompt_tokens is None:
+                return token_logprobs(params, model_config, family, mb.tokens, mb.valid, mask, **logprobs_kw, **kw)
+            return prefix_logprobs(params, model_config, family, mb.prompt_tokens, mb.prompt_valid, mb.tokens,
+                                   mb.valid, mask, group_size=mb.group_size, **logprobs_kw, **kw)
+
+        ref_logp = jax.lax.stop_gradient(logprobs(ref_params)[0])
 
         def loss_sum(params):
             if compute_dtype is not None:
                 params = jax.tree.map(lambda x: x.astype(compute_dtype), params)
-            logp, entropy = token_logprobs(params, model_config, family, mb.tokens, mb.valid, mask, **logprobs_kw,
-                                           remat=remat_policy)
+            logp, entropy = logprobs(params, remat=remat_policy)
             loss, terms = losses.grpo_loss(logp, jax.lax.stop_gradient(logp), ref_logp, mb.advantages, mask,
                                            clip_eps=clip_eps, kl_coef=kl_coef, entropy=entropy,
                                            entropy_coef=entropy_coef, aggregation="token-mean")
@@ -379,14 +427,23 @@ def make_train_step(family, model_config, optimizer: optax.GradientTransformatio
         return grads, {"loss": total, **sums, "tokens": count, "sequences": sequences}
 
     def step(state: TrainState, ref_params: dict, batch: Batch) -> tuple[TrainState, dict]:
+        shared = batch.prompt_tokens is not None
         batch = Batch(tokens=batch.tokens.astype(jnp.int32), valid=batch.valid.astype(bool),
                       loss_mask=batch.loss_mask.astype(bool), advantages=batch.advantages.astype(jnp.float32),
-                      weights=batch.weights.astype(jnp.float32))
+                      weights=batch.weights.astype(jnp.float32),
+                      prompt_tokens=batch.prompt_tokens.astype(jnp.int32) if shared else None,
+                      prompt_valid=batch.prompt_valid.astype(bool) if shared else None)
         if micro_batches == 1:
             grads, sums = micro_batch_sums(state.params, ref_params, batch)
             grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
         else:
-            slices = jax.tree.map(lambda x: _strided_slices(x, micro_batches), batch)
+            # Whole groups per slice when rows share prompts (slice i: groups i, i+M, ... and their rows).
+            group = batch.group_size or 1
+            slices = dataclasses.replace(
+                jax.tree.map(lambda x: _strided_slices(x, micro_batches, group),
+                             dataclasses.replace(batch, prompt_tokens=None, prompt_valid=None)),
+                prompt_tokens=None if not shared else _strided_slices(batch.prompt_tokens, micro_batches),
+                prompt_valid=None if not shared else _strided_slices(batch.prompt_valid, micro_batches))
             if mesh is not None:
                 slices = jax.tree.map(
                     lambda x: jax.lax.with_sharding_constraint(x, NamedSharding(mesh, logical_to_spec(
