@@ -69,6 +69,18 @@ def test_table_and_plots_from_finished_runs(tmp_path):
     assert cal["end"]["calibrated_prior"] is None                     # step 2's log has no knots to rebuild it from
     curves = data["corrections"]["wmrl"]
     assert curves["1"]["anchor_weight"] == [(1, 1.0), (2, 1.0), (3, 3.0)]
+    # The claims whose arms ran, paired by seed: by hand, wmrl - real = (+0.2, -0.1); 2 seeds give 3 distinct
+    # bootstrap means (-0.1, +0.05, +0.2), so the 95 % interval spans them: inconclusive.
+    claims = {c["id"]: c for c in data["claims"]}
+    assert set(claims) == {"0", "1", "2a", "2b"}
+    one = claims["1"]
+    assert one["mean"] == pytest.approx(0.05) and one["low"] == pytest.approx(-0.1) and one["high"] == pytest.approx(0.2)
+    assert (one["positive"], one["negative"], one["sign_p"], one["verdict"]) == (1, 1, 1.0, "inconclusive")
+    # Sandbox CPU-s: wmrl - real = (30 - 100, 20 - 120), both below 0: the "less" claim is reproduced.
+    assert claims["2a"]["mean"] == pytest.approx(-85.0) and claims["2a"]["verdict"] == "reproduced"
+    assert claims["0"]["mean"] == pytest.approx(0.10) and claims["0"]["verdict"] == "reproduced"   # 0.1, 0.2 vs 0.05
+    assert "| 1 | WMRL >= real-environment GRPO on held-out avg@2 (`wmrl` - `real`, n=2) | +5.00 pts | " \
+           "[-10.00, +20.00] | 1+/1-, p=1.000 | **inconclusive** |" in table
 
 
 def test_reliability_bins_by_hand():

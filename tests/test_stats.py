@@ -1,0 +1,56 @@
+"""wmrl_jax.stats against scipy: the exact sign test, the percentile bootstrap interval; verdicts by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from wmrl_jax import stats
+
+
+@pytest.mark.parametrize("d", [[0.1, 0.2, 0.05, 0.3, 0.01], [0.1, -0.2, 0.05, 0.3, -0.01],
+                               [-1, -2, -3, -4, -5, -6, 1], [0.0, 0.0, 1.0], [0.2] * 9 + [-0.1] * 3])
+def test_sign_test_equals_scipy_binomtest(d):
+    d = np.asarray(d)
+    pos, n = int((d > 0).sum()), int((d != 0).sum())
+    assert stats.sign_test(d) == pytest.approx(scipy.stats.binomtest(pos, n, 0.5).pvalue, abs=1e-12)
+
+
+def test_five_seeds_all_one_way_give_the_smallest_sign_p():
+    assert stats.sign_test([1, 2, 3, 4, 5]) == pytest.approx(2 / 32)
+    assert stats.sign_test([0, 0]) == 1.0
+
+
+def test_bootstrap_interval_equals_scipy_percentile_bootstrap():
+    d = np.random.default_rng(3).normal(0.05, 0.1, size=14)
+    low, high = stats.bootstrap_mean_ci(d, resamples=40_000, seed=1)
+    ref = scipy.stats.bootstrap((d,), np.mean, method="percentile", n_resamples=40_000, confidence_level=0.95,
+                                random_state=np.random.default_rng(2)).confidence_interval
+    spread = ref.high - ref.low
+    assert low == pytest.approx(ref.low, abs=0.02 * spread) and high == pytest.approx(ref.high, abs=0.02 * spread)
+
+
+def test_paired_bootstrap_and_verdicts():
+    real = [0.50, 0.52, 0.48, 0.55, 0.51]
+    better = [x + dx for x, dx in zip(real, [0.03, 0.05, 0.02, 0.04, 0.06])]
+    p = stats.paired_bootstrap(better, real)
+    assert p.mean == pytest.approx(0.04) and 0.02 <= p.low < p.mean < p.high <= 0.06
+    assert (p.positive, p.negative, p.n) == (5, 0, 5) and p.sign_p == pytest.approx(0.0625)
+    assert stats.verdict(p, "greater") == "reproduced"
+    assert stats.verdict(p, "less") == "not reproduced"
+    assert stats.verdict(p, "greater", margin=0.1) == "not reproduced"
+    mixed = stats.paired_bootstrap([0.5, 0.6, 0.4], [0.55, 0.5, 0.45])
+    assert stats.verdict(mixed) == "inconclusive"
+    assert "95 % CI, n=5" in str(p) and "sign 5+/0-" in str(p)
+
+
+def test_bad_input_names_what_is_wrong():
+    with pytest.raises(ValueError, match=r"shapes \(3,\) and \(2,\), expected two equal 1-D arrays"):
+        stats.paired_bootstrap([1, 2, 3], [1, 2])
+    with pytest.raises(ValueError, match="a NaN or inf"):
+        stats.paired_bootstrap([1, float("nan")], [1, 2])
+    with pytest.raises(ValueError, match="level: 1.5, expected in"):
+        stats.bootstrap_mean_ci([1.0, 2.0], level=1.5)
+    with pytest.raises(ValueError, match="direction: 'up'"):
+        stats.verdict(stats.paired_bootstrap([1.0], [0.0]), "up")
