@@ -83,6 +83,37 @@ def test_kill_and_resume_continues_exactly(tmp_path):
     assert straight.counters.real_executions == resumed.counters.real_executions
 
 
+def test_learning_curve_points_and_shared_prompt_batches(tmp_path, monkeypatch):
+    """`eval_every`: held-out (and train-task) avg@k after steps 0, 1, 2 in curve.jsonl, the first and last being
+    the run's before/after evaluations. On a mesh whose data shards hold whole groups (data 1 x fsdp 2 x tensor
+    4 here) the update's batch shares each group's prompt (`optim.share_prompt` "auto")."""
+    seen = []
+    real_batch = loop.make_batch
+
+    def spy(*args, **kwargs):
+        batch = real_batch(*args, **kwargs)
+        seen.append(None if batch.prompt_tokens is None else batch.prompt_tokens.shape)
+        return batch
+
+    monkeypatch.setattr(loop, "make_batch", spy)
+    c = small_config(tmp_path / "curve", **{"eval_every": 1, "eval_attempts": 1, "eval_train_tasks": True,
+                                            "mesh.data": 1, "mesh.fsdp": 2, "mesh.tensor": 4,
+                                            "rewards.mode": "real"})
+    summary = loop.train(c, progress=False)
+    assert seen == [(2, 480), (2, 480)], seen   # 2 groups; the longest train prompt (470 tokens) in 32s
+    curve = loop.read_curve(tmp_path / "curve")
+    assert sorted(curve) == [0, 1, 2]
+    assert curve[0]["held_out"] == summary.eval_before["score"] and curve[2]["held_out"] == summary.eval_after["score"]
+    for point in curve.values():
+        assert set(point["held_out_per_task"]) == {p.name for p in suite.list_tasks("test")}
+        assert set(point["train_per_task"]) == {p.name for p in suite.list_tasks("train")}
+        assert 0.0 <= point["train"] <= 1.0 and 0.0 <= point["held_out_valid"] <= 1.0
+    with open(tmp_path / "curve" / loop.CURVE, "a") as f:
+        f.write('{"step": 3, "held_o')                      # a line cut by a killed run
+    with pytest.raises(ValueError, match=r"curve.jsonl:4: not a JSON line"):
+        loop.read_curve(tmp_path / "curve")
+
+
 def test_bad_input_is_reported_before_any_compute(tmp_path):
     c = small_config(tmp_path / "w", **{"rewards.mode": "wmrl_plus"})
     with pytest.raises(ValueError, match="config.rewards.mode"):

@@ -154,6 +154,9 @@ def validate(config, *, device_count: int | None = None) -> None:
             _fail(field, _get(config, field), "a non-empty string")
 
     steps = _int(config, "steps", 1)
+    _int(config, "eval_every", 0)
+    if not isinstance(config.get("eval_train_tasks", False), bool):
+        _fail("eval_train_tasks", config.eval_train_tasks, "True or False")
     groups = _int(config, "rollout.groups_per_step", 1)
     group_size = _int(config, "rollout.group_size", 2)   # a group of 1 has no baseline: every advantage is 0
     for field in ("max_turns", "max_new_tokens", "observation_max_tokens", "overview_chars", "inventory_chars"):

@@ -43,6 +43,7 @@ process 0 writes logs, config.json, summary.json and the exported policy.
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 import shutil
 import time
@@ -291,6 +292,48 @@ def evaluate_held_out(run: Run, params=None) -> dict | None:
                     seed=eval_seed(run.config.seed), params=params).as_dict()
 
 
+CURVE = "curve.jsonl"   # a run's learning curve: one line per evaluated step (0 = before training)
+
+
+def curve_point(run: Run, step: int, held_out: dict | None = None) -> dict | None:
+    """Evaluates the policy after `step` steps (`held_out`: that evaluation when already made) and appends it to
+    `<workdir>/curve.jsonl`: held-out avg@k and, with `config.eval_train_tasks`, the train tasks' too. None when
+    the run keeps no curve (`config.eval_every` 0, or no held-out evaluation)."""
+    config = run.config
+    if not (config.get("eval_every", 0) and run.eval_attempts):
+        return None
+    params = None if step == 0 else run.state.params
+    if held_out is None:
+        held_out = evaluate_held_out(run, params)
+    point = {"step": step, "held_out": held_out["score"], "held_out_per_task": held_out["per_task"],
+             "held_out_valid": held_out["mean_valid_rate"]}
+    if config.get("eval_train_tasks", False):
+        train = evaluate(run.lm, run.train_tasks, run.pool, config=run.agent_config, attempts=run.eval_attempts,
+                         seed=eval_seed(config.seed), params=None if params is None else generation_params(run, params))
+        point.update(train=train.score, train_per_task=train.per_task, train_valid=train.mean_valid_rate)
+    if run.primary:
+        with open(run.workdir / CURVE, "a") as f:
+            f.write(json.dumps(point) + "\n")
+    return point
+
+
+def read_curve(workdir) -> dict[int, dict]:
+    """`curve.jsonl` of a run as {step: point}; a step evaluated twice (a resumed run) keeps its last line."""
+    path = pathlib.Path(workdir) / CURVE
+    if not path.exists():
+        return {}
+    points = {}
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            point = json.loads(line)
+        except json.JSONDecodeError as e:   # a line cut by a killed run: name it, lose nothing else
+            raise ValueError(f"{path}:{n}: not a JSON line ({e}); delete the line and rerun the run to redo it") from e
+        points[int(point["step"])] = point
+    return dict(sorted(points.items()))
+
+
 def train_step(run: Run, step: int) -> dict:
     """One GRPO step (0-based `step`): sample, route and score, correct, update; returns the step's scalars.
 
@@ -387,6 +430,8 @@ def finish_run(run: Run, start: float) -> RunSummary:
     eval_after = evaluate_held_out(run, run.state.params)
     if eval_after is not None and run.writer is not None:
         run.writer.scalars(config.steps, held_out_scalars(eval_after))
+    if eval_after is not None:
+        curve_point(run, config.steps, eval_after)
     if run.writer is not None:
         run.writer.flush()
     summary = RunSummary(mode=config.rewards.mode, steps=config.steps, counters=run.counters,
@@ -423,6 +468,7 @@ def train(config, *, progress: bool = True) -> RunSummary:
                 run.writer.scalars(0, held_out_scalars(run.eval_before))
             if run.primary:
                 print(f"held-out avg@{run.eval_attempts} before training: {percent(run.eval_before['score'])}")
+            curve_point(run, 0, run.eval_before)
         show = progress and run.primary
         if show and run.first_step < config.steps:
             print(progress_legend())
@@ -431,6 +477,9 @@ def train(config, *, progress: bool = True) -> RunSummary:
         for step in bar:
             bar.set_postfix(progress_fields(train_step(run, step)))
             done = step + 1
+            every = config.get("eval_every", 0)
+            if every and done % every == 0 and done < config.steps:   # the last step's is finish_run's
+                curve_point(run, done)
             if done % config.checkpoint.every == 0 or done == config.steps:
                 save_checkpoint(run, done)
         return finish_run(run, start)
@@ -438,5 +487,5 @@ def train(config, *, progress: bool = True) -> RunSummary:
         run.close()
 
 
-__all__ = ["Run", "evaluate_held_out", "finish_run", "finished_summary", "make_batch", "make_pool",
+__all__ = ["CURVE", "Run", "curve_point", "evaluate_held_out", "read_curve", "finish_run", "finished_summary", "make_batch", "make_pool",
            "save_checkpoint", "start_run", "train", "train_step"]
