@@ -44,6 +44,7 @@ def get_base_config() -> ml_collections.ConfigDict:
     c.eval_attempts = 8           # the paper's avg@8 on held-out tasks, before and after training
     c.eval_every = 0              # > 0: also every this many steps, a learning curve (<workdir>/curve.jsonl)
     c.eval_train_tasks = False    # the curve's points also score the policy on the train tasks
+    c.eval_sampling_seed = -1     # the evaluations' sampling seed; -1: derived from `seed` (run.eval_seed)
     c.workdir = "/tmp/wmrl"
     c.seed = 0
     c.steps = 3200                # paper: 3200 GRPO steps

@@ -46,6 +46,9 @@ _SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds 0..seeds-1 per arm.")
 _STEPS = flags.DEFINE_integer("steps", 2, "GRPO steps per run (the same budget for every arm).")
 _ATTEMPTS = flags.DEFINE_integer("attempts", 8, "Held-out attempts per task (avg@k).")
 _EVAL_TASKS = flags.DEFINE_list("eval_tasks", [], "Held-out tasks to evaluate on (default: the whole eval split).")
+_EVAL_EVERY = flags.DEFINE_integer("eval_every", 0, "> 0: learning curves, each run evaluated every this many steps "
+                                   "in the loop (curve.jsonl); the report adds learning_curves.png.")
+_EVAL_TRAIN = flags.DEFINE_bool("eval_train_tasks", False, "The curves' points also score the train tasks.")
 
 
 def short_run_config():
@@ -84,7 +87,8 @@ def main(argv):
     spec = compare.CompareSpec(out=_OUT.value, work=_WORK.value, arms=tuple(_ARMS.value),
                                seeds=tuple(range(_SEEDS.value)),
                                steps=_STEPS.value, attempts=_ATTEMPTS.value,
-                               eval_tasks=tuple(_EVAL_TASKS.value))
+                               eval_tasks=tuple(_EVAL_TASKS.value), eval_every=_EVAL_EVERY.value,
+                               eval_train_tasks=_EVAL_TRAIN.value)
     start = time.perf_counter()
     report = compare.run_compare(spec, config)
     print(compare.format_report(report))

@@ -83,6 +83,64 @@ def test_table_and_plots_from_finished_runs(tmp_path):
            "[-10.00, +20.00] | 1+/1-, p=1.000 | **inconclusive** |" in table
 
 
+def test_learning_curves_from_the_runs_curve_files(tmp_path):
+    """Per arm and step: mean over seeds, a bootstrap band, the paired change since step 0 (by hand), the PNG."""
+    from wmrl_jax.train import loop
+
+    spec = compare.CompareSpec(out=str(tmp_path / "out"), work=str(tmp_path / "work"), arms=("real",),
+                               seeds=(0, 1, 2), steps=4, attempts=2, eval_every=2, eval_train_tasks=True)
+    held = {0: (0.30, 0.40, 0.50), 1: (0.32, 0.46, 0.55), 2: (0.40, 0.50, 0.62)}   # seed -> steps 0, 2, 4
+    for seed, scores in held.items():
+        _fake_run(spec, "real", seed, score=scores[-1], sandbox_cpu=10.0, trainer_cpu=5.0, real=8, wm=0)
+        with open(spec.run_dir("real", seed) / loop.CURVE, "w") as f:
+            for step, score in zip((0, 2, 4), scores):
+                f.write(json.dumps({"step": step, "held_out": score, "held_out_per_task": {"t": score},
+                                    "held_out_valid": 1.0, "train": score / 2}) + "\n")
+    data = compare.write_report_files(spec)
+    rows = {r["step"]: r for r in data["curves"]["real"]}
+    assert sorted(rows) == [0, 2, 4]
+    assert rows[4]["held_out"]["mean"] == pytest.approx(np.mean([0.5, 0.55, 0.62]))
+    change = rows[4]["held_out"]["change"]   # per seed: +0.20, +0.23, +0.22
+    assert change["mean"] == pytest.approx(0.65 / 3) and change["low"] >= 0.2 - 1e-9 and change["positive"] == 3
+    assert rows[0]["held_out"]["change"]["mean"] == 0.0
+    assert rows[2]["train"]["mean"] == pytest.approx(np.mean([0.2, 0.23, 0.25]))
+    assert (tmp_path / "out" / "learning_curves.png").stat().st_size > 10_000
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert "| `real` | 4 | 3 | 55.67 | +21.67 [" in table
+
+
+def test_compare_with_curves_takes_the_loops_final_evaluation(tmp_path, monkeypatch):
+    """With eval_every the loop evaluates the final policy (with the base's sampling seed): run_compare writes
+    that as the run's eval.json instead of evaluating again."""
+    from configs import tiny_cpu
+    from wmrl_jax import evaluate as ev
+
+    spec = compare.CompareSpec(out=str(tmp_path / "out"), work=str(tmp_path / "work"), arms=("real",), seeds=(0,),
+                               steps=2, attempts=2, eval_every=1)
+    base = tiny_cpu.get_config()
+    c = compare.run_config(base, spec, "real", 0)
+    assert (c.eval_every, c.eval_attempts, c.eval_sampling_seed) == (1, 2, compare.eval_seed(0))
+    _fake_run(spec, "real", 0, score=0.4, sandbox_cpu=1.0, trainer_cpu=1.0, real=8, wm=0)
+    d = spec.run_dir("real", 0)
+    (d / "eval.json").unlink()
+    summary = json.loads((d / "summary.json").read_text())
+    summary["eval_after"] = {"score": 0.4, "attempts": 2, "per_task": {"t": 0.4}, "valid_rate": {"t": 1.0},
+                             "mean_valid_rate": 1.0, "per_category": {}, "executions": 2, "sandbox_cpu_s": 1.0,
+                             "seconds": 2.0}
+    (d / "summary.json").write_text(json.dumps(summary))
+    (spec.work_dir / "base").mkdir(parents=True)
+    (spec.work_dir / "base" / "eval.json").write_text(json.dumps({**summary["eval_after"], "score": 0.3}))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("evaluated again")
+
+    monkeypatch.setattr(compare, "evaluate", refuse)
+    monkeypatch.setattr(ev, "evaluate", refuse)
+    report = compare.run_compare(spec, base, progress=False)
+    assert json.loads((d / "eval.json").read_text())["score"] == 0.4 and report["arms"]["real"]["score"] == 0.4
+    assert report["invocation"]["evaluated"] == 0 and report["invocation"]["trained"] == 0
+
+
 def test_reliability_bins_by_hand():
     x = np.array([0.05, 0.08, 0.55, 0.95, 1.2, -0.1])
     y = np.array([0.0, 0.2, 0.5, 1.0, 0.8, 0.1])

@@ -61,7 +61,8 @@ ARM_DESCRIPTIONS = {
     "wmrl": "both corrections (WMRL)",
 }
 # Fields of the config the comparison sets itself (a run's identity), not part of the shared base.
-_PER_RUN = ("workdir", "seed", "steps", "eval_attempts", "rewards.mode", "optim.total_steps")
+_PER_RUN = ("workdir", "seed", "steps", "eval_attempts", "rewards.mode", "optim.total_steps", "eval_every",
+            "eval_train_tasks", "eval_sampling_seed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +76,8 @@ class CompareSpec:
     steps: int = 5
     attempts: int = 8
     eval_tasks: tuple = ()   # names of held-out tasks to evaluate on; () = the whole eval split
+    eval_every: int = 0      # > 0: learning curves, every run evaluated in the loop every this many steps
+    eval_train_tasks: bool = False   # the curves' points also score the train tasks
 
     def __post_init__(self):
         unknown = [a for a in self.arms if a not in MODES]
@@ -88,6 +91,11 @@ class CompareSpec:
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"{name}: {v!r}, expected an int >= 1")
+        if not isinstance(self.eval_every, (int, np.integer)) or self.eval_every < 0:
+            raise ValueError(f"eval_every: {self.eval_every!r}, expected an int >= 0")
+        if self.eval_every and self.eval_tasks:
+            raise ValueError("eval_every with eval_tasks: the loop's curve evaluates the whole eval split; "
+                             "expected one of them")
 
     def run_dir(self, arm: str, seed: int) -> pathlib.Path:
         return self.work_dir / "runs" / arm / f"seed{seed}"
@@ -107,6 +115,9 @@ def run_config(base, spec: CompareSpec, arm: str, seed: int):
         c.optim.total_steps = c.steps
     c.workdir = str(spec.run_dir(arm, seed))
     c.eval_attempts = 0                  # evaluated here, once, with every arm on the same footing
+    if spec.eval_every:                  # ... or in the loop, along the curve, with the same sampling seed
+        c.eval_attempts, c.eval_every, c.eval_train_tasks = spec.attempts, spec.eval_every, spec.eval_train_tasks
+        c.eval_sampling_seed = eval_seed(0)
     return c
 
 
@@ -128,11 +139,14 @@ def _check_spec(spec: CompareSpec, base) -> None:
     work.mkdir(parents=True, exist_ok=True)
     path = work / "spec.json"
     want = {"steps": spec.steps, "attempts": spec.attempts, "eval_tasks": list(spec.eval_tasks),
+            "eval_every": spec.eval_every, "eval_train_tasks": spec.eval_train_tasks,
             "config": _shared_config_json(base)}
     if path.is_file():
         have = json.loads(path.read_text())
         have.setdefault("eval_tasks", [])
-        for key in ("steps", "attempts", "eval_tasks", "config"):
+        have.setdefault("eval_every", 0)
+        have.setdefault("eval_train_tasks", False)
+        for key in ("steps", "attempts", "eval_tasks", "eval_every", "eval_train_tasks", "config"):
             if have.get(key) != want[key]:
                 diff = key if key != "config" else "config: " + ", ".join(sorted(
                     _diff_keys(have.get("config", {}), want["config"]))[:8])
@@ -213,6 +227,17 @@ def run_compare(spec: CompareSpec, base, *, progress: bool = True, log=print) ->
                     log(f"training {arm} seed {seed} ({spec.steps} steps) -> {run_dir}")
                     loop.train(run_config(base, spec, arm, seed), progress=progress)
                     trained += 1
+                summary = _read_json(run_dir / "summary.json") or {}
+                after = summary.get("eval_after")
+                if spec.eval_every and not eval_finished(run_dir, spec.attempts) and after is not None:
+                    # The loop evaluated the final policy on the curve, with the base's sampling seed: reuse it.
+                    data = {**after, "policy": str(run_dir / "export"), "arm": arm, "seed": seed,
+                            "eval_seed": eval_seed(0)}
+                    tmp = run_dir / "eval.json.tmp"
+                    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+                    tmp.replace(run_dir / "eval.json")
+                    (run_dir / "eval.md").write_text(to_markdown(data, f"{arm} seed {seed}, held-out "
+                                                                      f"avg@{spec.attempts}"))
                 if not eval_finished(run_dir, spec.attempts):
                     open_eval()
                     params = load_hf(run_dir / "export", dtype=probe.dtype).params
@@ -263,7 +288,8 @@ def collect(spec: CompareSpec) -> dict:
                          "tokens_generated": c["tokens_generated"], "rollouts": c["rollouts"],
                          "ungraded_real": c["ungraded_real"], "ungraded_wm": c["ungraded_wm"],
                          "final": summary.get("final", {}), "eval_seconds": ev["seconds"],
-                         "eval_sandbox_cpu_s": ev["sandbox_cpu_s"]})
+                         "eval_sandbox_cpu_s": ev["sandbox_cpu_s"],
+                         "curve": {str(k): v for k, v in loop.read_curve(d).items()}})
     arms = {}
     for arm in spec.arms:
         rs = [r for r in runs if r["arm"] == arm]
@@ -283,7 +309,35 @@ def collect(spec: CompareSpec) -> dict:
     base = _read_json(spec.work_dir / "base" / "eval.json")
     data = {"spec": dataclasses.asdict(spec), "base": base, "runs": runs, "arms": arms}
     data["claims"] = claims(data)
+    data["curves"] = learning_curves(data)
     return data
+
+
+def learning_curves(data: dict, *, level: float = 0.95) -> dict:
+    """Per arm and evaluated step, over the seeds whose curve has it: mean held-out (and train-task) avg@k, a
+    bootstrap CI of that mean, and the paired change since step 0 (`stats.paired_bootstrap`)."""
+    from wmrl_jax import stats
+
+    out = {}
+    for arm in data["arms"]:
+        runs = [r for r in data["runs"] if r["arm"] == arm and r.get("curve")]
+        steps = sorted({int(s) for r in runs for s in r["curve"]})
+        rows = []
+        for step in steps:
+            row = {"step": step}
+            for key in ("held_out", "train"):
+                have = [r for r in runs if key in r["curve"].get(str(step), {}) and key in r["curve"].get("0", {})]
+                if not have:
+                    continue
+                now = [r["curve"][str(step)][key] for r in have]
+                low, high = stats.bootstrap_mean_ci(now, level=level)
+                change = stats.paired_bootstrap(now, [r["curve"]["0"][key] for r in have], level=level)
+                row[key] = {"n": len(have), "mean": float(np.mean(now)), "low": low, "high": high,
+                            "change": dataclasses.asdict(change)}
+            rows.append(row)
+        if rows:
+            out[arm] = rows
+    return out
 
 
 # The paper's claims as paired comparisons over seeds: (id, claim, arm a, arm b, metric, direction, paper).
@@ -386,6 +440,21 @@ def format_report(data: dict) -> str:
         text += ["The paper's claims, paired by seed (percentile bootstrap over seeds; exact two-sided sign test; "
                  "reproduced when the interval lies on the claimed side of 0, not reproduced when wholly on the "
                  "other, else inconclusive):", "", format_claims(data), ""]
+    if data.get("curves"):
+        text += [f"Learning curves (held-out avg@{k}, percent; mean over seeds, and the paired change since step 0 "
+                 f"with its 95 % CI; `learning_curves.png`):", "",
+                 "| arm | step | n | held-out | change since step 0 | train tasks | change |", "|---|---|---|---|---|---|---|"]
+        for arm, rows in data["curves"].items():
+            for r in rows:
+                cells = []
+                for key in ("held_out", "train"):
+                    p = r.get(key)
+                    cells += ["-", "-"] if p is None else [
+                        f"{100 * p['mean']:.2f}", f"{100 * p['change']['mean']:+.2f} [{100 * p['change']['low']:+.2f}, "
+                                                  f"{100 * p['change']['high']:+.2f}]"]
+                n = (r.get("held_out") or r.get("train"))["n"]
+                text.append(f"| `{arm}` | {r['step']} | {n} | " + " | ".join(cells) + " |")
+        text.append("")
     text += ["| arm | what |", "|---|---|"]
     text += [f"| `{a}` | {ARM_DESCRIPTIONS[a]} |" for a in data["arms"]]
     text += ["", "Per run (held-out avg@%d, percent):" % k, "", "| arm | " + " | ".join(
@@ -606,6 +675,32 @@ def plot_corrections(curves: dict, path) -> None:
     plt.close(fig)
 
 
+def plot_learning_curves(data: dict, path) -> None:
+    """Held-out (and train-task, dashed) avg@k against steps per arm: the mean over seeds and its CI band."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    k = data["spec"]["attempts"]
+    for arm, rows in data["curves"].items():
+        for key, style in (("held_out", "-"), ("train", "--")):
+            pts = [(r["step"], r[key]) for r in rows if key in r]
+            if not pts:
+                continue
+            x = [s for s, _ in pts]
+            ax.plot(x, [100 * p["mean"] for _, p in pts], style, marker="o", ms=3, color=ARM_COLORS.get(arm),
+                    label=f"{arm}, {'held-out' if key == 'held_out' else 'train tasks'} (n={pts[-1][1]['n']})")
+            ax.fill_between(x, [100 * p["low"] for _, p in pts], [100 * p["high"] for _, p in pts],
+                            color=ARM_COLORS.get(arm), alpha=0.12)
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel(f"avg@{k} (%)")
+    ax.set_title("Learning curves: mean over seeds, 95 % bootstrap band", fontsize=10)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def write_report_files(spec: CompareSpec) -> dict:
     """compare.json's data, table.md and the three PNGs under `spec.out` from whatever is finished."""
     out = pathlib.Path(spec.out)
@@ -627,6 +722,9 @@ def write_report_files(spec: CompareSpec) -> dict:
                                f"reward of anchor rollouts, first and last third of {spec.steps} steps")
         data["calibration"] = {k: {kk: vv for kk, vv in v.items()} for k, v in windows.items()}
         files["calibration"] = str(out / "calibration.png")
+    if data["curves"]:
+        plot_learning_curves(data, out / "learning_curves.png")
+        files["learning_curves"] = str(out / "learning_curves.png")
     curves = correction_curves(spec)
     if curves:
         plot_corrections(curves, out / "corrections.png")

@@ -155,6 +155,7 @@ def validate(config, *, device_count: int | None = None) -> None:
 
     steps = _int(config, "steps", 1)
     _int(config, "eval_every", 0)
+    _int(config, "eval_sampling_seed", -1)
     if not isinstance(config.get("eval_train_tasks", False), bool):
         _fail("eval_train_tasks", config.eval_train_tasks, "True or False")
     groups = _int(config, "rollout.groups_per_step", 1)

@@ -282,6 +282,12 @@ def generation_params(run: Run, params):
     return jax.block_until_ready(run.resharder(params))
 
 
+def sampling_seed(config) -> int:
+    """The held-out evaluations' sampling seed: `config.eval_sampling_seed`, or (-1) one derived from the seed."""
+    seed = config.get("eval_sampling_seed", -1)
+    return seed if seed >= 0 else eval_seed(config.seed)
+
+
 def evaluate_held_out(run: Run, params=None) -> dict | None:
     """Held-out avg@k of the base policy (`params` None) or of `params`, through the real sandbox; None if off."""
     if not run.eval_attempts:
@@ -289,7 +295,7 @@ def evaluate_held_out(run: Run, params=None) -> dict | None:
     if params is not None:
         params = generation_params(run, params)
     return evaluate(run.lm, run.eval_tasks, run.pool, config=run.agent_config, attempts=run.eval_attempts,
-                    seed=eval_seed(run.config.seed), params=params).as_dict()
+                    seed=sampling_seed(run.config), params=params).as_dict()
 
 
 CURVE = "curve.jsonl"   # a run's learning curve: one line per evaluated step (0 = before training)
@@ -309,7 +315,7 @@ def curve_point(run: Run, step: int, held_out: dict | None = None) -> dict | Non
              "held_out_valid": held_out["mean_valid_rate"]}
     if config.get("eval_train_tasks", False):
         train = evaluate(run.lm, run.train_tasks, run.pool, config=run.agent_config, attempts=run.eval_attempts,
-                         seed=eval_seed(config.seed), params=None if params is None else generation_params(run, params))
+                         seed=sampling_seed(config), params=None if params is None else generation_params(run, params))
         point.update(train=train.score, train_per_task=train.per_task, train_valid=train.mean_valid_rate)
     if run.primary:
         with open(run.workdir / CURVE, "a") as f:
