@@ -98,8 +98,8 @@ def get_base_config() -> ml_collections.ConfigDict:
         clip_eps=0.2,             # PPO clip (inactive on-policy: one update per batch, ratio 1)
         micro_batches=1,
         remat="full",             # layer remat: "full" (recompute each layer), "dots" (keep matmul outputs), "none"
-        share_prompt="auto",      # a group's prompt runs once in the update, not once per rollout ("auto": where
-                                  # micro-batches and data shards hold whole groups; train.config.shares_prompt)
+        share_prompt="auto",      # a group's prompt runs once in the update, not once per rollout ("auto" where
+                                  # micro-batches and data shards hold whole groups, "always", "never")
         param_dtype="float32",    # float32 master weights: a 1e-6 Adam step is below bf16's resolution
     ))
     c.checkpoint = ml_collections.ConfigDict(dict(every=50, max_to_keep=3))

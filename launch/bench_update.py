@@ -6,7 +6,7 @@
 
 A GRPO group's rollouts share their prompt (~450 of ~830 tokens on the
 embedded suite). The peer is the update as the loop ran it before
-`optim.share_prompt`: every row left-padded whole to the run's fixed width
+`optim.share_prompt` ("never" keeps it): every row left-padded whole to the run's fixed width
 (`run.batch_width`, the longest possible episode in 256s), so each prompt runs
 through the backbone once per rollout, in the policy's forward, its
 recomputation under layer remat, its backward and the reference's forward.

@@ -340,7 +340,7 @@ def test_shared_prompt_batches_refuse_what_does_not_fit():
 
     episodes, advantages, weights = grouped_episodes()
     with pytest.raises(ValueError, match=r"episode 2: its prompt differs from episode 0's, the first of its group "
-                                         r"of 4; expected one prompt a group \(or optim.share_prompt=False\)"):
+                                         r"of 4; expected one prompt a group \(or optim.share_prompt='never'\)"):
         loop_batch(episodes, advantages, weights, width=9, pad_id=0, prompt_width=8, group_size=4)
     with pytest.raises(ValueError, match=r"a \d-token prompt, more than the prompt width 2"):
         loop_batch(episodes, advantages, weights, width=9, pad_id=0, prompt_width=2, group_size=2)
@@ -351,3 +351,15 @@ def test_shared_prompt_batches_refuse_what_does_not_fit():
         update.check_batch(batch, 8)
     with pytest.raises(ValueError, match=r"one is None; expected both"):
         update.check_batch(update.Batch(**{**batch.__dict__, "prompt_valid": None}), 1)
+
+
+def test_bench_update_quick_runs_and_agrees(launch_script):
+    """launch/bench_update.py --quick end to end (not timed: figures come from the script itself): every side's
+    first update has the same loss, and shared prompts run fewer token slots through the backbone."""
+    out = launch_script("bench_update").main(["--quick"])
+    sides = out["sides"]
+    losses = [s["first_loss"] for s in sides.values()]
+    assert max(losses) - min(losses) < 1e-5, losses
+    peer, ours = sides["peer: rows whole, remat full"], sides["shared prompts, remat full"]
+    assert ours["token_slots"] < peer["token_slots"] and ours["gflop"] < peer["gflop"]
+    assert out["matmul_gflops"] > 0

@@ -223,12 +223,16 @@ def validate(config, *, device_count: int | None = None) -> None:
         _fail("optim.micro_batches", micro, f"micro-batches of {batch} / {micro} = {batch // micro} sequences "
                                             f"divisible by the mesh's data x fsdp = {data} x {fsdp}")
     share = config.optim.get("share_prompt", "auto")
-    if share not in ("auto", True, False) or isinstance(share, int) and not isinstance(share, bool):
-        _fail("optim.share_prompt", share, "'auto', True or False")
-    if share is True and not _whole_groups(groups, micro, data * fsdp):
-        _fail("optim.share_prompt", share, f"'auto' or False: with it each micro-batch, and each of its data x fsdp "
+    if share not in SHARE_PROMPT:
+        _fail("optim.share_prompt", share, f"one of {SHARE_PROMPT}")
+    if share == "always" and not _whole_groups(groups, micro, data * fsdp):
+        _fail("optim.share_prompt", share, f"'auto' or 'never': with it each micro-batch, and each of its data x fsdp "
                                            f"= {data * fsdp} shards, holds whole groups; groups_per_step / "
                                            f"micro_batches = {groups} / {micro} does not split so")
+
+
+# optim.share_prompt: "auto" shares where micro-batches and data shards hold whole groups.
+SHARE_PROMPT = ("auto", "always", "never")
 
 
 def _whole_groups(groups: int, micro_batches: int, shards: int) -> bool:
@@ -241,7 +245,7 @@ def shares_prompt(config, device_count: int | None = None) -> bool:
     32 micro-batches of 2 rows split every group of 8)."""
     share = config.optim.get("share_prompt", "auto")
     if share != "auto":
-        return bool(share)
+        return share == "always"
     if device_count is None:
         device_count = jax.device_count()
     data, fsdp, _ = resolve_mesh(config.mesh, device_count) if device_count > 1 else (1, 1, 1)

@@ -124,7 +124,7 @@ def _shared_prompt_batch(episodes, advantages, weights, *, width, pad_id, prompt
             e = episodes[i]
             if e.prompt_len != len(prompt) or not np.array_equal(e.tokens[:e.prompt_len], prompt):
                 raise ValueError(f"episode {i}: its prompt differs from episode {g * group_size}'s, the first of its "
-                                 f"group of {group_size}; expected one prompt a group (or optim.share_prompt=False)")
+                                 f"group of {group_size}; expected one prompt a group (or optim.share_prompt='never')")
             n = len(e.tokens) - e.prompt_len
             if n > width:
                 raise ValueError(f"episode {i}: {n} tokens after its prompt, more than the batch width {width}")

@@ -270,7 +270,7 @@ def check_batch(batch: Batch, micro_batches: int, data_shards: int = 1) -> None:
     if groups % micro_batches or (groups // micro_batches) % data_shards:
         raise ValueError(f"batch.prompt_tokens: G={groups} prompts do not split into micro_batches={micro_batches} "
                          f"slices of whole groups spread over the mesh's data×fsdp size {data_shards}; expected G "
-                         f"divisible by {micro_batches * data_shards} (or unshared prompts, optim.share_prompt=False)")
+                         f"divisible by {micro_batches * data_shards} (or unshared prompts, optim.share_prompt='never')")
 
 
 def _strided_slices(x: jax.Array, micro_batches: int, rows_per_unit: int = 1) -> jax.Array:
