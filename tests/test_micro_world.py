@@ -185,6 +185,26 @@ def test_rule_examples_teach_type_to_estimator_and_plan_to_code():
     assert seen == set(METRICS)
 
 
+def test_full_rule_examples_are_whole_programs_whose_submission_follows_the_metric():
+    """The agent stage's rule examples (`agent_stage_full_rules`): the head as above, then the whole program in
+    the corpus's form, closed as an agent episode; its submission line is the metric kind's."""
+    from sandbox.suite.metrics import METRICS
+
+    heads = micro_world.rule_examples(60, seed=3)
+    full = micro_world.rule_examples(60, seed=3, full=True)
+    tails = {"proba": "submission = pd.DataFrame({TARGETS[0]: predict(X_test)})",
+             "classes": "submission = pd.DataFrame(predict(X_test), columns=[str(c) for c in model.classes_])",
+             "label": "submission = pd.DataFrame({TARGETS[0]: predict(X_test)})",
+             "value": "submission = pd.DataFrame({TARGETS[0]: predict(X_test)})",
+             "values": "submission = pd.DataFrame(np.asarray(predict(X_test)).reshape(len(X_test), -1), "
+                       "columns=TARGETS)"}
+    for (prompt, head, _), (full_prompt, reply, kind) in zip(heads, full):
+        assert full_prompt == prompt and kind == "rule" and reply.startswith(head)
+        assert reply.endswith('submission.to_csv(os.environ["SUBMISSION_PATH"], index=False)\n```<|im_end|>')
+        metric = re.search(r"metric: (\w+)\.<\|im_end\|>", prompt).group(1)
+        assert tails[METRICS[metric].kind] in reply.splitlines(), (metric, reply[-300:])
+
+
 def test_rebuild_reproduces_the_first_steps(tmp_path):
     """`python launch/build_micro_world.py` retraces the shipped build: same tokenizer, same first losses --
     here resuming a build interrupted after its first step, which left no checkpoint folder behind."""

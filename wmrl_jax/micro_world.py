@@ -198,6 +198,11 @@ class MicroWorldConfig:
     # one after the mixed schedule alone), without the world model's updates in the same weights.
     agent_stage_steps: int = 100
     agent_stage_batch_size: int = 4
+    # The agent stage's rule examples are whole programs (`rule_examples(full=True)`), not heads down to the
+    # `predict` line: the train split has no binary log-loss task, and a head-only agent wrote hastie_signal's
+    # (log_loss) predict line right, then the multi-class submission line it had only seen under
+    # multi_log_loss (2 of 16 held-out attempts valid; docs/results.md).
+    agent_stage_full_rules: bool = True
 
     def __post_init__(self):
         if self.separate_world_model and (self.outcome_stage_replay or self.outcome_stage_alternate):
@@ -257,8 +262,11 @@ def agent_reply(row: dict, label: str, code: str) -> str:
     return f"{plan_line(row['category'], row['metric'], qualified_label(label, code))}\n```python\n{program}\n```"
 
 
-def rule_examples(count: int, seed: int) -> list[tuple[str, str, str]]:
+def rule_examples(count: int, seed: int, *, full: bool = False) -> list[tuple[str, str, str]]:
     """The third corpus: `count` short (prompt end, reply head) pairs that teach the plan's rules.
+
+    full: the reply is the whole program in the corpus's form, closed as an agent episode's is (its fence
+    and end of turn), so the submission lines follow the metric too.
 
     Each is the agent prompt's last line (``Task type: regression; metric:
     r2.``) answered by a plan line and the program's head down to its model
@@ -294,8 +302,9 @@ def rule_examples(count: int, seed: int) -> list[tuple[str, str, str]]:
         head = program[:program.index("\n", program.index("\npredict = ") + 1) + 1]
         prompt = (f"<|im_start|>user\n[... truncated]\n\n{agent.task_type_line(category, metric)}<|im_end|>\n"
                   "<|im_start|>assistant\n")
-        out.append((prompt, f"{plan_line(category, metric, qualified_label(recipe.label, code))}\n```python\n{head}",
-                    "rule"))
+        plan = plan_line(category, metric, qualified_label(recipe.label, code))
+        reply = f"{plan}\n```python\n{program.strip()}\n```<|im_end|>" if full else f"{plan}\n```python\n{head}"
+        out.append((prompt, reply, "rule"))
     return out
 
 
@@ -536,18 +545,18 @@ def stage_batches(encoded: Sequence, *, batch_size: int, steps: int, pad_id: int
 
 
 def stage_replay(config: MicroWorldConfig, encoded: Sequence, tokenizer, width: int, pad_id: int, *,
-                 batch_size: int | None = None, steps: int | None = None):
+                 batch_size: int | None = None, steps: int | None = None, full_rules: bool = False):
     """The world-model stage's replay: (episode batch, rule batch) per stage step, seeded; None without replay.
 
     `config.outcome_stage_replay` episodes of the mixed corpus (`encoded`, padded to its `width`) and
     `config.rule_batch_size` fresh rule examples a step, for `config.outcome_stage_steps` steps
-    (`batch_size` and `steps` given: the agent's stage, `agent_stage_steps`).
+    (`batch_size` and `steps` given: the agent's stage, `agent_stage_steps`; `full_rules`: whole programs).
     """
     batch_size = config.outcome_stage_replay if batch_size is None else batch_size
     if not batch_size:
         return None
     steps = config.outcome_stage_steps if steps is None else steps
-    rules = encode_examples(tokenizer, rule_examples(steps * config.rule_batch_size, config.seed + 5))
+    rules = encode_examples(tokenizer, rule_examples(steps * config.rule_batch_size, config.seed + 5, full=full_rules))
     rule_width = -(-max(len(ids) for ids, _ in rules) // 32) * 32
     rule_batches = (_pad_rows(rules[i * config.rule_batch_size:(i + 1) * config.rule_batch_size], rule_width, pad_id)
                     for i in range(steps))
@@ -836,7 +845,8 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
             params = _agent_stage(config, model_config, params, opt_state if in_agent_stage else None, losses,
                                   stage_replay(config, encoded, tokenizer, width, pad_id,
                                                batch_size=config.agent_stage_batch_size,
-                                               steps=config.agent_stage_steps),
+                                               steps=config.agent_stage_steps,
+                                               full_rules=config.agent_stage_full_rules),
                                   first=total + stage_steps, done=done, save=functools.partial(save, other=wm_params),
                                   save_every=save_every, progress=progress, stop=agent_run)
     elif stage_run:
