@@ -35,4 +35,5 @@ stage 90 python3 launch/bench_generate.py --dtype=bfloat16 --hidden=1024 --layer
   --heads=16 --kv_heads=8 --batch=64 --new_tokens=256
 stage 120 python3 launch/bench_qwen35.py --dtype=bfloat16
 stage 45 python3 launch/bench_corrections.py --quick
+stage 90 python3 launch/bench_update.py --repeats=3
 nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
