@@ -35,13 +35,12 @@ weights of the same architecture and tokenizer (`separate_world_model`): the
 agent in the folder, the world model in its `world_model/` folder -- the same
 backbone after the shared mixed schedule, trained further on the execution
 corpus (one set of 4M weights held either skill, not both). The shipped build
-(seed 1 of the default recipe, picked by the train-split check;
-docs/results.md) writes valid programs on every held-out attempt but one
-task's (hastie_signal: 0 %, a two-column `predict_proba` into a one-column
-submission), of mixed quality; as a world model it calls every held-out
-program's status right and ranks held-out programs at Spearman 0.81 (the
-agent's own) and 0.67 (logged; a lookup table of estimator classes: 0.42 /
-0.69), biased toward the middle (+0.09 on the weakest valid programs, -0.16
+(seed 0 of the default recipe; seeds 1 and 2 not built yet, docs/results.md)
+writes valid programs on 81-100 % of held-out attempts per task, of mixed
+quality; as a world model it calls 98 % of held-out programs' status right
+(78 % of the failing ones) and ranks held-out programs at Spearman 0.69 (the
+agent's own) and 0.61 (logged; a lookup table of estimator classes: 0.60 /
+0.69), biased toward the middle (+0.08 on the weakest valid programs, -0.16
 on the best): a biased, noisy reward that the corrections have to work on.
 
 Training is deterministic (fixed corpus order, fixed seed): two builds from
