@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from wmrl_jax.models.family import ModelFamily, Params
 from wmrl_jax.models.layers import positions_from_valid
-from wmrl_jax.models.sharding import is_axes
+from wmrl_jax.sampling import select_rows
 
 
 def logprob_and_entropy(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -181,9 +181,7 @@ def prefix_logprobs(
     hidden, cache = family.forward(params, config, prompt_tokens.astype(jnp.int32),
                                    positions_from_valid(prompt_valid), prompt_valid, cache, remat=remat)
     rows = jnp.arange(batch) // group_size
-    axes = family.cache_axes(config)
-    cache = jax.tree.map(lambda names, x: jnp.repeat(x, group_size, axis=names.index("batch"))
-                         if "batch" in names else x, axes, cache, is_leaf=is_axes)
+    cache = select_rows(family.cache_axes(config), cache, rows)   # each row continues its group's prompt
     held = jnp.sum(prompt_valid, axis=1, dtype=jnp.int32)[rows]
     tokens = tokens.astype(jnp.int32)
     cont, _ = family.forward(params, config, tokens, positions_from_valid(valid) + held[:, None], valid, cache,
