@@ -6,8 +6,11 @@
 
 Trains every (arm, seed) for `--steps` GRPO steps from the shipped micro-world
 (`wmrl_jax.train.loop.train`, one workdir per run under `<work>/runs/`),
-evaluates the untrained policy once and every final policy on the held-out
-tasks with `--attempts` attempts each through the real sandbox, then writes
+evaluates the untrained policy once a seed and every final policy on the
+held-out tasks with `--attempts` attempts each through the real sandbox (every
+policy of seed s with seed s's sampling seed, so the claims pair policies under
+common sampling noise; with --eval_every the runs' curves start from that
+evaluation instead of redoing it), then writes
 `<out>/table.md` (avg@k mean ± sd, real executions, sandbox and trainer
 CPU-seconds, wall time, WM predictions, cost ratio to `real`), `compare.json`
 and three PNGs (score vs sandbox CPU-seconds; a reliability diagram of the WMRL

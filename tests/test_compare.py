@@ -41,12 +41,13 @@ def test_table_and_plots_from_finished_runs(tmp_path):
               weights=(1.0, 1.5, 2.0), pairs=pairs)
     _fake_run(spec, "wmrl", 1, score=0.10, sandbox_cpu=20.0, trainer_cpu=40.0, real=12, wm=48,
               weights=(1.0, 1.0, 3.0), pairs=pairs)
-    base = spec.work_dir / "base"
-    base.mkdir(parents=True)
-    (base / "eval.json").write_text(json.dumps({"score": 0.05, "attempts": 2, "mean_valid_rate": 0.25,
-                                                "per_task": {"t": 0.05}, "valid_rate": {"t": 0.25},
-                                                "per_category": {"c": 0.05}, "executions": 2, "sandbox_cpu_s": 1.0,
-                                                "seconds": 3.0}))
+    for seed, score in ((0, 0.05), (1, 0.07)):   # the untrained policy, with each seed's sampling seed
+        base = compare.base_dir(spec, seed)
+        base.mkdir(parents=True)
+        (base / "eval.json").write_text(json.dumps({"score": score, "attempts": 2, "mean_valid_rate": 0.25,
+                                                    "per_task": {"t": score}, "valid_rate": {"t": 0.25},
+                                                    "per_category": {"c": score}, "executions": 2,
+                                                    "sandbox_cpu_s": 1.0, "seconds": 3.0, "eval_seed": 7 + seed}))
     data = compare.write_report_files(spec)
     real, wmrl = data["arms"]["real"], data["arms"]["wmrl"]
     assert real["score"] == pytest.approx(0.15) and real["score_sd"] == pytest.approx(np.std([0.1, 0.2], ddof=1))
@@ -56,9 +57,13 @@ def test_table_and_plots_from_finished_runs(tmp_path):
     assert wmrl["sandbox_ratio"] == pytest.approx(25 / 110)
     table = (tmp_path / "out" / "table.md").read_text()
     print(table)
-    assert "| `wmrl` (n=2) | 20.00 ± 14.14 |" in table and "| `real` (n=2) | 15.00 ± 7.07 |" in table
-    assert "| base (untrained) | 5.00 |" in table and "0.50 (sandbox 0.23)" in table
-    assert "| `wmrl` | 30.00 | 10.00 |" in table   # per seed
+    assert "| `wmrl` (n=2) | 20.00 ± 14.14 | [10.00, 30.00] |" in table   # 2 seeds: the bootstrap's extremes
+    assert "| `real` (n=2) | 15.00 ± 7.07 | [10.00, 20.00] |" in table
+    assert "| base (untrained, n=2) | 6.00 ± 1.41 | [5.00, 7.00] |" in table and "0.50 (sandbox 0.23)" in table
+    assert "| `wmrl` | 30.00 | 10.00 |" in table and "| base | 5.00 | 7.00 |" in table   # per seed
+    assert data["base"]["per_seed"]["1"]["eval_seed"] == 8 and data["base"]["seeds"] == [0, 1]
+    base_md = (tmp_path / "out" / "base_eval.md").read_text()
+    assert "seed 0 (sampling seed 7)" in base_md and "seed 1 (sampling seed 8)" in base_md
     for png in ("score_vs_cost.png", "calibration.png", "corrections.png"):
         assert (tmp_path / "out" / png).stat().st_size > 10_000, png
     # Calibration windows: first and last third of 3 steps = step 1 and step 3, both seeds pooled.
@@ -78,7 +83,8 @@ def test_table_and_plots_from_finished_runs(tmp_path):
     assert (one["positive"], one["negative"], one["sign_p"], one["verdict"]) == (1, 1, 1.0, "inconclusive")
     # Sandbox CPU-s: wmrl - real = (30 - 100, 20 - 120), both below 0: the "less" claim is reproduced.
     assert claims["2a"]["mean"] == pytest.approx(-85.0) and claims["2a"]["verdict"] == "reproduced"
-    assert claims["0"]["mean"] == pytest.approx(0.10) and claims["0"]["verdict"] == "reproduced"   # 0.1, 0.2 vs 0.05
+    # Paired with the seed's own base evaluation: (0.10 - 0.05, 0.20 - 0.07).
+    assert claims["0"]["mean"] == pytest.approx(0.09) and claims["0"]["verdict"] == "reproduced"
     assert "| 1 | WMRL >= real-environment GRPO on held-out avg@2 (`wmrl` - `real`, n=2) | +5.00 pts | " \
            "[-10.00, +20.00] | 1+/1-, p=1.000 | **inconclusive** |" in table
 
@@ -110,8 +116,8 @@ def test_learning_curves_from_the_runs_curve_files(tmp_path):
 
 
 def test_compare_with_curves_takes_the_loops_final_evaluation(tmp_path, monkeypatch):
-    """With eval_every the loop evaluates the final policy (with the base's sampling seed): run_compare writes
-    that as the run's eval.json instead of evaluating again."""
+    """With eval_every the loop evaluates the final policy (with the seed's sampling seed, as the seed's base
+    evaluation): run_compare writes that as the run's eval.json instead of evaluating again."""
     from configs import tiny_cpu
     from wmrl_jax import evaluate as ev
 
@@ -128,8 +134,8 @@ def test_compare_with_curves_takes_the_loops_final_evaluation(tmp_path, monkeypa
                              "mean_valid_rate": 1.0, "per_category": {}, "executions": 2, "sandbox_cpu_s": 1.0,
                              "seconds": 2.0}
     (d / "summary.json").write_text(json.dumps(summary))
-    (spec.work_dir / "base").mkdir(parents=True)
-    (spec.work_dir / "base" / "eval.json").write_text(json.dumps({**summary["eval_after"], "score": 0.3}))
+    compare.base_dir(spec, 0).mkdir(parents=True)
+    (compare.base_dir(spec, 0) / "eval.json").write_text(json.dumps({**summary["eval_after"], "score": 0.3}))
 
     def refuse(*args, **kwargs):
         raise AssertionError("evaluated again")
@@ -174,6 +180,7 @@ def test_spec_and_settings_are_checked(tmp_path):
     spec = compare.CompareSpec(out=str(tmp_path), steps=2, attempts=2)
     c = compare.run_config(base, spec, "naive_mix", 2)
     assert (c.rewards.mode, c.seed, c.steps, c.optim.total_steps, c.eval_attempts) == ("naive_mix", 2, 2, 2, 0)
+    assert c.eval_sampling_seed == compare.eval_seed(2) != compare.eval_seed(0)   # the seed's, as its base's
     assert c.workdir == str(tmp_path / "runs" / "naive_mix" / "seed2") and base.rewards.mode == "wmrl"
     compare._check_spec(spec, base)
     compare._check_spec(spec, base)                       # the same settings: fine
@@ -207,7 +214,7 @@ def test_compare_end_to_end_and_resume(tmp_path, monkeypatch):
             counters["wm_predictions"], counters["sandbox_cpu_s"], counters["compute_cpu_s"])
         assert a["trainer_cpu_s"] > 0
     assert report["arms"]["real"]["wm_predictions"] == 0
-    assert list(report["base"]["per_task"]) == ["two_moons_noisy"]
+    assert list(report["base"]["per_seed"]["0"]["per_task"]) == ["two_moons_noisy"]
     table = (tmp_path / "out" / "table.md").read_text()
     assert "| `real` (n=1) |" in table and "| `wmrl` (n=1) |" in table and "| base (untrained) |" in table
     for png in ("score_vs_cost.png", "calibration.png", "corrections.png"):

@@ -16,6 +16,7 @@ import pytest
 
 from configs import tiny_cpu
 from sandbox import suite
+from wmrl_jax import micro_world
 from wmrl_jax.train import loop, report, rewards, run
 from wmrl_jax.train.metrics import read_scalars
 
@@ -96,14 +97,34 @@ def test_learning_curve_points_and_shared_prompt_batches(tmp_path, monkeypatch):
         return batch
 
     monkeypatch.setattr(loop, "make_batch", spy)
+    evaluated = []
+    real_evaluate = loop.evaluate
+
+    def count(lm, tasks, *args, **kwargs):
+        evaluated.append(len(tasks))
+        return real_evaluate(lm, tasks, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "evaluate", count)
     c = small_config(tmp_path / "curve", **{"eval_every": 1, "eval_attempts": 1, "eval_train_tasks": True,
                                             "mesh.data": 1, "mesh.fsdp": 2, "mesh.tensor": 4,
                                             "rewards.mode": "real"})
+    # The untrained policy's evaluations made outside the run (wmrl_jax.compare: once a seed for all arms):
+    # step 0 takes them instead of evaluating again. Marked values, to see them come through.
+    held, train = suite.list_tasks("test"), suite.list_tasks("train")
+    given = {"model": str(micro_world.shipped_path()), "eval_seed": loop.sampling_seed(c),
+             "held_out": {"score": 0.123, "attempts": 1, "per_task": {t.name: 0.123 for t in held},
+                          "mean_valid_rate": 0.5},
+             "train": {"score": 0.456, "attempts": 1, "per_task": {t.name: 0.456 for t in train},
+                       "mean_valid_rate": 0.75}}
+    (tmp_path / "curve").mkdir()
+    (tmp_path / "curve" / loop.GIVEN_BEFORE).write_text(json.dumps(given))
     summary = loop.train(c, progress=False)
     assert seen == [(2, 480), (2, 480)], seen   # 2 groups; the longest train prompt (470 tokens) in 32s
+    assert evaluated == [len(held), len(train)] * 2   # steps 1 and 2 only
     curve = loop.read_curve(tmp_path / "curve")
     assert sorted(curve) == [0, 1, 2]
-    assert curve[0]["held_out"] == summary.eval_before["score"] and curve[2]["held_out"] == summary.eval_after["score"]
+    assert (curve[0]["held_out"], curve[0]["train"], summary.eval_before["score"]) == (0.123, 0.456, 0.123)
+    assert curve[2]["held_out"] == summary.eval_after["score"]
     for point in curve.values():
         assert set(point["held_out_per_task"]) == {p.name for p in suite.list_tasks("test")}
         assert set(point["train_per_task"]) == {p.name for p in suite.list_tasks("train")}
@@ -112,6 +133,32 @@ def test_learning_curve_points_and_shared_prompt_batches(tmp_path, monkeypatch):
         f.write('{"step": 3, "held_o')                      # a line cut by a killed run
     with pytest.raises(ValueError, match=r"curve.jsonl:4: not a JSON line"):
         loop.read_curve(tmp_path / "curve")
+
+
+def test_a_given_evaluation_of_the_untrained_policy_must_be_this_runs(tmp_path):
+    """`eval_before.json` is taken only when it is what the run would compute; otherwise refused, naming why."""
+    import types
+
+    c = small_config(tmp_path, **{"eval_attempts": 2, "seed": 3})
+    held, train = suite.list_tasks("test"), suite.list_tasks("train")
+    run = types.SimpleNamespace(workdir=tmp_path, config=c, eval_attempts=2, eval_tasks=held, train_tasks=train)
+    assert loop.given_before(run) is None   # absent: the run evaluates itself
+    given = {"model": str(micro_world.shipped_path()), "eval_seed": loop.sampling_seed(c),
+             "held_out": {"score": 0.1, "attempts": 2, "per_task": {t.name: 0.1 for t in held}}}
+    path = tmp_path / loop.GIVEN_BEFORE
+    path.write_text(json.dumps(given))
+    assert loop.given_before(run)["held_out"]["score"] == 0.1
+    for change, match in (({"eval_seed": 1}, r"eval_seed: 1, this run's"),
+                          ({"held_out": {**given["held_out"], "attempts": 8}}, r"attempts: 8, this run's 2"),
+                          ({"held_out": {**given["held_out"], "per_task": {"iris": 0.1}}}, r"held-out tasks"),
+                          ({"model": "/elsewhere"}, r"model: '/elsewhere'"),
+                          ({"train": {"attempts": 2, "per_task": {"iris": 0.1}}}, r"train tasks")):
+        path.write_text(json.dumps({**given, **change}))
+        with pytest.raises(ValueError, match=match):
+            loop.given_before(run)
+    path.write_text('{"model": ')
+    with pytest.raises(ValueError, match=r"eval_before.json: unreadable"):
+        loop.given_before(run)
 
 
 def test_bad_input_is_reported_before_any_compute(tmp_path):

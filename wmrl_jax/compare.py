@@ -9,7 +9,10 @@ Under `work/` (everything a rerun needs to skip finished work; checkpoints and
 exported policies, so not for committing):
 
     spec.json                       what the comparison is (steps, attempts, the base config); a rerun must match
-    base/eval.json, eval.md         the untrained policy, evaluated once (every arm starts from it)
+    base/seed<s>/eval.json, eval.md the untrained policy, evaluated once a seed with that seed's sampling seed
+                                    (+ train_eval.json with curves on the train tasks): every arm of seed s
+                                    starts from it and is evaluated with the same sampling seed, so the
+                                    claims pair (arm, seed) with (base, seed) under common sampling noise
     runs/<arm>/seed<s>/             one training workdir (launch/train.py's layout: checkpoints/, tb/,
                                     export/, summary.json, pairs.jsonl) + eval.json / eval.md
 
@@ -106,7 +109,8 @@ class CompareSpec:
 
 
 def run_config(base, spec: CompareSpec, arm: str, seed: int):
-    """`base` with the run's identity set: arm, seed, step budget, workdir; no in-loop evaluation."""
+    """`base` with the run's identity set: arm, seed, step budget, workdir, the seed's evaluation sampling seed;
+    no in-loop evaluation unless `spec.eval_every` (the learning curve)."""
     c = copy.deepcopy(base)
     c.rewards.mode = arm
     c.seed = int(seed)
@@ -114,10 +118,10 @@ def run_config(base, spec: CompareSpec, arm: str, seed: int):
     if c.optim.total_steps != c.steps:   # a plain value, not the reference to `steps` base.py sets up
         c.optim.total_steps = c.steps
     c.workdir = str(spec.run_dir(arm, seed))
-    c.eval_attempts = 0                  # evaluated here, once, with every arm on the same footing
-    if spec.eval_every:                  # ... or in the loop, along the curve, with the same sampling seed
+    c.eval_attempts = 0                  # evaluated here, once, with every arm of the seed on the same footing
+    c.eval_sampling_seed = eval_seed(seed)   # the seed's base evaluation's: common sampling noise within a seed
+    if spec.eval_every:                  # ... or in the loop, along the curve (step 0: the seed's base evaluation)
         c.eval_attempts, c.eval_every, c.eval_train_tasks = spec.attempts, spec.eval_every, spec.eval_train_tasks
-        c.eval_sampling_seed = eval_seed(0)
     return c
 
 
@@ -180,9 +184,14 @@ def run_finished(spec: CompareSpec, arm: str, seed: int) -> bool:
     return summary is not None and summary.get("steps") == spec.steps and summary.get("mode") == arm
 
 
-def eval_finished(path: pathlib.Path, attempts: int) -> bool:
-    data = _read_json(path / "eval.json")
+def eval_finished(path: pathlib.Path, attempts: int, stem: str = "eval") -> bool:
+    data = _read_json(path / f"{stem}.json")
     return data is not None and data.get("attempts") == attempts
+
+
+def base_dir(spec: CompareSpec, seed: int) -> pathlib.Path:
+    """Where the untrained policy's evaluation with seed `seed`'s sampling seed lives."""
+    return spec.work_dir / "base" / f"seed{seed}"
 
 
 def run_compare(spec: CompareSpec, base, *, progress: bool = True, log=print) -> dict:
@@ -201,6 +210,8 @@ def run_compare(spec: CompareSpec, base, *, progress: bool = True, log=print) ->
                              f"{[t.name for t in eval_tasks]}")
         eval_tasks = [t for t in eval_tasks if t.name in spec.eval_tasks]
     acfg = agent_config(probe)
+    train_tasks = load_tasks(probe, probe.train_split) if spec.eval_every and spec.eval_train_tasks else []
+    model = str(probe.model_path or micro_world.shipped_path())
     lm = pool = None
     trained = evaluated = 0
 
@@ -210,29 +221,47 @@ def run_compare(spec: CompareSpec, base, *, progress: bool = True, log=print) ->
             lm = chat.load_chat_model(probe.model_path or micro_world.shipped_path(), dtype=probe.dtype)
             pool = make_sandbox_pool(probe)
 
+    def base_eval(seed: int) -> tuple[dict, dict | None]:
+        """The untrained policy at seed `seed`'s sampling seed: held-out (and, for the curves, train tasks)."""
+        nonlocal evaluated
+        where, sampling = base_dir(spec, seed), eval_seed(seed)
+        parts = [("eval", eval_tasks, "held-out")] + ([("train_eval", train_tasks, "train")] if train_tasks else [])
+        for stem, tasks, which in parts:
+            if not eval_finished(where, spec.attempts, stem):
+                open_eval()
+                log(f"evaluating the base policy, seed {seed}: avg@{spec.attempts} on {len(tasks)} {which} tasks")
+                result = evaluate(lm, tasks, pool, config=acfg, attempts=spec.attempts, seed=sampling,
+                                  progress=progress)
+                write_report(result, where, stem=stem, extra={"policy": "base", "seed": seed, "eval_seed": sampling},
+                             title=f"Base policy (untrained), seed {seed}, {which} avg@{spec.attempts}")
+                evaluated += 1
+        return (_read_json(where / "eval.json"), _read_json(where / "train_eval.json") if train_tasks else None)
+
     try:
-        if not eval_finished(work / "base", spec.attempts):
-            open_eval()
-            log(f"evaluating the base policy: avg@{spec.attempts} on {len(eval_tasks)} held-out tasks")
-            result = evaluate(lm, eval_tasks, pool, config=acfg, attempts=spec.attempts,
-                              seed=eval_seed(0), progress=progress)
-            write_report(result, work / "base", title=f"Base policy (untrained), held-out avg@{spec.attempts}",
-                         extra={"policy": "base", "eval_seed": eval_seed(0)})
-            evaluated += 1
         # Seed-major: a comparison cut short still has whole seeds across the arms.
         for seed in spec.seeds:
+            held_out_before, train_before = base_eval(seed)
             for arm in spec.arms:
                 run_dir = spec.run_dir(arm, seed)
                 if not run_finished(spec, arm, seed):
+                    if spec.eval_every and not (run_dir / loop.GIVEN_BEFORE).is_file():
+                        # The curve's step 0 is the seed's base evaluation: the loop takes it instead of redoing it.
+                        run_dir.mkdir(parents=True, exist_ok=True)
+                        given = {"model": model, "eval_seed": eval_seed(seed), "held_out": held_out_before}
+                        if train_before is not None:
+                            given["train"] = train_before
+                        tmp = run_dir / (loop.GIVEN_BEFORE + ".tmp")
+                        tmp.write_text(json.dumps(given, default=str) + "\n")
+                        tmp.replace(run_dir / loop.GIVEN_BEFORE)
                     log(f"training {arm} seed {seed} ({spec.steps} steps) -> {run_dir}")
                     loop.train(run_config(base, spec, arm, seed), progress=progress)
                     trained += 1
                 summary = _read_json(run_dir / "summary.json") or {}
                 after = summary.get("eval_after")
                 if spec.eval_every and not eval_finished(run_dir, spec.attempts) and after is not None:
-                    # The loop evaluated the final policy on the curve, with the base's sampling seed: reuse it.
+                    # The loop evaluated the final policy on the curve, with the seed's sampling seed: reuse it.
                     data = {**after, "policy": str(run_dir / "export"), "arm": arm, "seed": seed,
-                            "eval_seed": eval_seed(0)}
+                            "eval_seed": eval_seed(seed)}
                     tmp = run_dir / "eval.json.tmp"
                     tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
                     tmp.replace(run_dir / "eval.json")
@@ -241,7 +270,7 @@ def run_compare(spec: CompareSpec, base, *, progress: bool = True, log=print) ->
                 if not eval_finished(run_dir, spec.attempts):
                     open_eval()
                     params = load_hf(run_dir / "export", dtype=probe.dtype).params
-                    sampling_seed = eval_seed(0)   # the base's: every policy meets the same sampling noise
+                    sampling_seed = eval_seed(seed)   # the seed's base's: the same sampling noise as its pair
                     log(f"evaluating {arm} seed {seed}: avg@{spec.attempts}")
                     result = evaluate(lm, eval_tasks, pool, config=acfg, attempts=spec.attempts, seed=sampling_seed,
                                       params=params, progress=progress)
@@ -269,6 +298,13 @@ def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
     if v.size == 0:
         return float("nan"), float("nan")
     return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
+
+
+def _mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    from wmrl_jax import stats
+
+    v = [x for x in values if x is not None and np.isfinite(x)]
+    return stats.bootstrap_mean_ci(v, level=level) if v else (float("nan"), float("nan"))
 
 
 def collect(spec: CompareSpec) -> dict:
@@ -301,16 +337,33 @@ def collect(spec: CompareSpec) -> dict:
             m, s = _mean_sd([r[key] for r in rs])
             arms[arm][key], arms[arm][key + "_sd"] = m, s
         arms[arm]["total_cpu_s"] = arms[arm]["sandbox_cpu_s"] + arms[arm]["trainer_cpu_s"]
+        for key in ("score", "sandbox_cpu_s"):   # the 95 % percentile bootstrap interval of the mean over seeds
+            arms[arm][key + "_low"], arms[arm][key + "_high"] = _mean_ci([r[key] for r in rs])
     if "real" in arms:
         ref = arms["real"]
         for a in arms.values():
             a["cost_ratio"] = a["total_cpu_s"] / ref["total_cpu_s"] if ref["total_cpu_s"] > 0 else float("nan")
             a["sandbox_ratio"] = a["sandbox_cpu_s"] / ref["sandbox_cpu_s"] if ref["sandbox_cpu_s"] > 0 else float("nan")
-    base = _read_json(spec.work_dir / "base" / "eval.json")
-    data = {"spec": dataclasses.asdict(spec), "base": base, "runs": runs, "arms": arms}
+    data = {"spec": dataclasses.asdict(spec), "base": collect_base(spec), "runs": runs, "arms": arms}
     data["claims"] = claims(data)
     data["curves"] = learning_curves(data)
     return data
+
+
+def collect_base(spec: CompareSpec) -> dict | None:
+    """The untrained policy's evaluations, one per seed (its sampling seed's): mean and sd of the score and valid
+    rate over the seeds that have one, and each evaluation whole under `per_seed` (keyed by str(seed))."""
+    per_seed = {}
+    for seed in spec.seeds:
+        ev = _read_json(base_dir(spec, seed) / "eval.json")
+        if ev is not None:
+            per_seed[str(seed)] = ev
+    if not per_seed:
+        return None
+    score, score_sd = _mean_sd([e["score"] for e in per_seed.values()])
+    valid, valid_sd = _mean_sd([e["mean_valid_rate"] for e in per_seed.values()])
+    return {"n": len(per_seed), "seeds": [int(s) for s in per_seed], "score": score, "score_sd": score_sd,
+            "valid_rate": valid, "valid_rate_sd": valid_sd, "per_seed": per_seed}
 
 
 def learning_curves(data: dict, *, level: float = 0.95) -> dict:
@@ -341,7 +394,7 @@ def learning_curves(data: dict, *, level: float = 0.95) -> dict:
 
 
 # The paper's claims as paired comparisons over seeds: (id, claim, arm a, arm b, metric, direction, paper).
-# "base" is the untrained policy (one evaluation, the same sampling seed as every run's).
+# "base" is the untrained policy: seed s's evaluation of it (seed s's sampling seed, as every run of seed s).
 CLAIMS = (
     ("0", "training learns: `real` beats the untrained policy", "real", "base", "score", "greater",
      "(the premise)"),
@@ -370,13 +423,15 @@ def claims(data: dict, *, level: float = 0.95, resamples: int = 10_000) -> list[
     by_run = {(r["arm"], r["seed"]): r for r in data["runs"]}
     for r in data["runs"]:
         r.setdefault("total_cpu_s", r["sandbox_cpu_s"] + r["trainer_cpu_s"])
+    for s, ev in ((data.get("base") or {}).get("per_seed") or {}).items():
+        by_run["base", int(s)] = ev
     out = []
     for cid, text, a, b, metric, direction, paper in CLAIMS:
-        seeds = sorted(s for arm, s in by_run if arm == a and (b == "base" or (b, s) in by_run))
-        if b == "base" and data.get("base") is None or not seeds:
+        seeds = sorted(s for arm, s in by_run if arm == a and (b, s) in by_run)
+        if not seeds:
             continue
         xs = [by_run[a, s][metric] for s in seeds]
-        ys = [data["base"][metric] if b == "base" else by_run[b, s][metric] for s in seeds]
+        ys = [by_run[b, s][metric] for s in seeds]
         if not all(np.isfinite(xs)) or not all(np.isfinite(ys)):
             continue
         p = stats.paired_bootstrap(xs, ys, level=level, resamples=resamples)
@@ -406,17 +461,19 @@ def format_table(data: dict) -> str:
     """The Markdown table: one row per arm, mean ± sd over seeds (percent for scores)."""
     spec = data["spec"]
     k = spec["attempts"]
-    lines = [f"| arm | held-out avg@{k} (%) | valid (%) | real executions | sandbox CPU-s | trainer CPU-s | "
-             f"wall time (s) | WM predictions | cost ratio to `real` |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"| arm | held-out avg@{k} (%) | its 95 % CI | valid (%) | real executions | sandbox CPU-s | "
+             f"trainer CPU-s | wall time (s) | WM predictions | cost ratio to `real` |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     base = data.get("base")
     if base is not None:
-        lines.append(f"| base (untrained) | {100 * base['score']:.2f} | {100 * base['mean_valid_rate']:.1f} | "
-                     f"0 | 0 | 0 | 0 | 0 | - |")
+        low, high = _mean_ci([e["score"] for e in base["per_seed"].values()])
+        lines.append(f"| base (untrained, n={base['n']}) | {100 * base['score']:.2f} ± {100 * base['score_sd']:.2f} | "
+                     f"[{100 * low:.2f}, {100 * high:.2f}] | {100 * base['valid_rate']:.1f} ± {100 * base['valid_rate_sd']:.1f} | 0 | 0 | 0 | 0 | 0 | - |")
     for arm, a in data["arms"].items():
         ratio = a.get("cost_ratio", float("nan"))
         lines.append(
             f"| `{arm}` (n={a['n']}) | {100 * a['score']:.2f} ± {100 * a['score_sd']:.2f} | "
+            f"[{100 * a['score_low']:.2f}, {100 * a['score_high']:.2f}] | "
             f"{100 * a['valid_rate']:.1f} ± {100 * a['valid_rate_sd']:.1f} | {a['real_executions']:.0f} | "
             f"{a['sandbox_cpu_s']:.0f} ± {a['sandbox_cpu_s_sd']:.0f} | {a['trainer_cpu_s']:.0f} ± "
             f"{a['trainer_cpu_s_sd']:.0f} | {a['wall_s']:.0f} ± {a['wall_s_sd']:.0f} | {a['wm_predictions']:.0f} | "
@@ -431,7 +488,10 @@ def format_report(data: dict) -> str:
             f"{len(spec['seeds'])} seeds ({', '.join(map(str, spec['seeds']))}) x {spec['steps']} GRPO steps per "
             f"arm; every final policy evaluated on the held-out tasks with {k} attempts each through the real "
             f"sandbox (avg@{k}: per task valid rate x mean best leaderboard position over valid attempts, "
-            f"failures count 0; percent). Mean ± sd over seeds (sd with ddof=1). Costs are the training runs': "
+            f"failures count 0; percent). Mean ± sd over seeds (sd with ddof=1), and the 95 % percentile bootstrap "
+            f"interval of the mean over seeds. Every policy of seed s, the untrained one (base) included, is "
+            f"evaluated with seed s's sampling seed, so the claims below pair them under common sampling noise. "
+            f"Costs are the training runs': "
             f"sandbox CPU-s is the executed programs' CPU time, trainer CPU-s the training process's (sampling, "
             f"world model, GRPO update: the accelerator's work on this CPU machine); the cost ratio is "
             f"(sandbox + trainer) CPU-s over `real`'s (sandbox CPU-s alone in brackets).", "",
@@ -457,8 +517,13 @@ def format_report(data: dict) -> str:
         text.append("")
     text += ["| arm | what |", "|---|---|"]
     text += [f"| `{a}` | {ARM_DESCRIPTIONS[a]} |" for a in data["arms"]]
-    text += ["", "Per run (held-out avg@%d, percent):" % k, "", "| arm | " + " | ".join(
-        f"seed {s}" for s in spec["seeds"]) + " |", "|---|" + "---|" * len(spec["seeds"])]
+    text += ["", "Per run (held-out avg@%d, percent; base: the untrained policy with the seed's sampling seed):" % k,
+             "", "| arm | " + " | ".join(f"seed {s}" for s in spec["seeds"]) + " |",
+             "|---|" + "---|" * len(spec["seeds"])]
+    if data.get("base") is not None:
+        per = data["base"]["per_seed"]
+        text.append("| base | " + " | ".join(f"{100 * per[str(s)]['score']:.2f}" if str(s) in per else "-"
+                                            for s in spec["seeds"]) + " |")
     for arm in data["arms"]:
         by_seed = {r["seed"]: r["score"] for r in data["runs"] if r["arm"] == arm}
         text.append(f"| `{arm}` | " + " | ".join(f"{100 * by_seed[s]:.2f}" if s in by_seed else "-"
@@ -494,7 +559,8 @@ def _plt():
 
 
 def plot_score_vs_cost(data: dict, path) -> None:
-    """Held-out avg@k vs sandbox CPU-seconds of training: one dot per run, the arm's mean ± sd as a cross."""
+    """Held-out avg@k vs sandbox CPU-seconds of training: one dot per run, the arm's mean with its 95 % bootstrap
+    interval (over seeds) on both axes as a cross."""
     plt = _plt()
     k = data["spec"]["attempts"]
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
@@ -502,13 +568,17 @@ def plot_score_vs_cost(data: dict, path) -> None:
         rs = [r for r in data["runs"] if r["arm"] == arm]
         color = ARM_COLORS.get(arm)
         ax.scatter([r["sandbox_cpu_s"] for r in rs], [100 * r["score"] for r in rs], color=color, alpha=0.35, s=18)
-        ax.errorbar(a["sandbox_cpu_s"], 100 * a["score"], xerr=a["sandbox_cpu_s_sd"], yerr=100 * a["score_sd"],
+        xerr = [[a["sandbox_cpu_s"] - a["sandbox_cpu_s_low"]], [a["sandbox_cpu_s_high"] - a["sandbox_cpu_s"]]]
+        yerr = [[100 * (a["score"] - a["score_low"])], [100 * (a["score_high"] - a["score"])]]
+        ax.errorbar(a["sandbox_cpu_s"], 100 * a["score"], xerr=xerr, yerr=yerr,
                     color=color, marker="o", capsize=3, label=f"{arm} (n={a['n']})")
     if data.get("base") is not None:
-        ax.axhline(100 * data["base"]["score"], color="gray", ls="--", lw=1, label="base (untrained)")
+        ax.axhline(100 * data["base"]["score"], color="gray", ls="--", lw=1,
+                   label=f"base (untrained, mean of {data['base']['n']})")
     ax.set_xlabel("sandbox CPU-seconds spent in training")
     ax.set_ylabel(f"held-out avg@{k} (leaderboard position, %)")
-    ax.set_title(f"Score vs real-execution cost ({data['spec']['steps']} steps, mean ± sd over seeds)")
+    ax.set_title(f"Score vs real-execution cost ({data['spec']['steps']} steps; mean, 95 % CI over seeds)",
+                 fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -709,7 +779,9 @@ def write_report_files(spec: CompareSpec) -> dict:
     (out / "table.md").write_text(format_report(data))
     files = {"table": str(out / "table.md")}
     if data["base"] is not None:
-        (out / "base_eval.md").write_text(to_markdown(data["base"], "Base policy (untrained), held-out evaluation"))
+        (out / "base_eval.md").write_text("\n".join(
+            to_markdown(ev, f"Base policy (untrained), held-out evaluation, seed {s} (sampling seed "
+                            f"{ev.get('eval_seed', '?')})") for s, ev in data["base"]["per_seed"].items()))
         files["base_eval"] = str(out / "base_eval.md")
     if data["arms"]:
         plot_score_vs_cost(data, out / "score_vs_cost.png")
@@ -734,5 +806,5 @@ def write_report_files(spec: CompareSpec) -> dict:
     return data
 
 
-__all__ = ["ARMS", "CompareSpec", "calibration_windows", "collect", "format_report", "format_table",
+__all__ = ["ARMS", "CompareSpec", "base_dir", "calibration_windows", "collect", "collect_base", "format_report", "format_table",
            "read_pairs", "reliability", "run_compare", "run_config", "run_finished", "write_report_files"]

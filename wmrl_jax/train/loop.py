@@ -299,12 +299,43 @@ def evaluate_held_out(run: Run, params=None) -> dict | None:
 
 
 CURVE = "curve.jsonl"   # a run's learning curve: one line per evaluated step (0 = before training)
+# The untrained policy's evaluations made outside the run, for several runs that start from the same policy with
+# the same sampling seed (`wmrl_jax.compare`: once a seed, shared by the six arms): {"model", "eval_seed",
+# "held_out": evaluate(...).as_dict(), "train": the same on the train tasks, or absent}.
+GIVEN_BEFORE = "eval_before.json"
 
 
-def curve_point(run: Run, step: int, held_out: dict | None = None) -> dict | None:
-    """Evaluates the policy after `step` steps (`held_out`: that evaluation when already made) and appends it to
-    `<workdir>/curve.jsonl`: held-out avg@k and, with `config.eval_train_tasks`, the train tasks' too. None when
-    the run keeps no curve (`config.eval_every` 0, or no held-out evaluation)."""
+def given_before(run: Run) -> dict | None:
+    """`<workdir>/eval_before.json` when there, checked to be what this run would compute (same model, sampling
+    seed, attempts and tasks); None when absent. A file that does not match is refused, naming what differs."""
+    path = run.workdir / GIVEN_BEFORE
+    if not path.is_file():
+        return None
+    try:
+        given = json.loads(path.read_text())
+        held_out, train = given["held_out"], given.get("train")
+        found = {"model": given["model"], "eval_seed": given["eval_seed"], "attempts": held_out["attempts"],
+                 "held-out tasks": sorted(held_out["per_task"])}
+        if train is not None:
+            found.update({"train attempts": train["attempts"], "train tasks": sorted(train["per_task"])})
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: unreadable ({type(e).__name__}: {e}); expected the untrained policy's "
+                         f"evaluation written by wmrl_jax.compare (delete it and the run evaluates itself)") from e
+    want = {"model": str(run.config.model_path or micro_world.shipped_path()), "eval_seed": sampling_seed(run.config),
+            "attempts": run.eval_attempts, "held-out tasks": sorted(t.name for t in run.eval_tasks)}
+    if train is not None:
+        want.update({"train attempts": run.eval_attempts, "train tasks": sorted(t.name for t in run.train_tasks)})
+    differ = [f"{k}: {found[k]!r}, this run's {want[k]!r}" for k in want if found[k] != want[k]]
+    if differ:
+        raise ValueError(f"{path}: not this run's evaluation of the untrained policy ({'; '.join(differ)}); "
+                         f"delete it and the run evaluates itself")
+    return given
+
+
+def curve_point(run: Run, step: int, held_out: dict | None = None, train: dict | None = None) -> dict | None:
+    """Evaluates the policy after `step` steps (`held_out`, `train`: those evaluations when already made) and
+    appends it to `<workdir>/curve.jsonl`: held-out avg@k and, with `config.eval_train_tasks`, the train tasks'
+    too. None when the run keeps no curve (`config.eval_every` 0, or no held-out evaluation)."""
     config = run.config
     if not (config.get("eval_every", 0) and run.eval_attempts):
         return None
@@ -314,9 +345,11 @@ def curve_point(run: Run, step: int, held_out: dict | None = None) -> dict | Non
     point = {"step": step, "held_out": held_out["score"], "held_out_per_task": held_out["per_task"],
              "held_out_valid": held_out["mean_valid_rate"]}
     if config.get("eval_train_tasks", False):
-        train = evaluate(run.lm, run.train_tasks, run.pool, config=run.agent_config, attempts=run.eval_attempts,
-                         seed=sampling_seed(config), params=None if params is None else generation_params(run, params))
-        point.update(train=train.score, train_per_task=train.per_task, train_valid=train.mean_valid_rate)
+        if train is None:
+            train = evaluate(run.lm, run.train_tasks, run.pool, config=run.agent_config, attempts=run.eval_attempts,
+                             seed=sampling_seed(config),
+                             params=None if params is None else generation_params(run, params)).as_dict()
+        point.update(train=train["score"], train_per_task=train["per_task"], train_valid=train["mean_valid_rate"])
     if run.primary:
         with open(run.workdir / CURVE, "a") as f:
             f.write(json.dumps(point) + "\n")
@@ -469,12 +502,14 @@ def train(config, *, progress: bool = True) -> RunSummary:
     run = start_run(config)
     try:
         if run.eval_before is None and run.eval_attempts:
-            run.eval_before = evaluate_held_out(run)
+            given = given_before(run)
+            run.eval_before = evaluate_held_out(run) if given is None else given["held_out"]
             if run.writer is not None:
                 run.writer.scalars(0, held_out_scalars(run.eval_before))
             if run.primary:
-                print(f"held-out avg@{run.eval_attempts} before training: {percent(run.eval_before['score'])}")
-            curve_point(run, 0, run.eval_before)
+                made = "" if given is None else f" (given: {run.workdir / GIVEN_BEFORE})"
+                print(f"held-out avg@{run.eval_attempts} before training: {percent(run.eval_before['score'])}{made}")
+            curve_point(run, 0, run.eval_before, None if given is None else given.get("train"))
         show = progress and run.primary
         if show and run.first_step < config.steps:
             print(progress_legend())
@@ -493,5 +528,5 @@ def train(config, *, progress: bool = True) -> RunSummary:
         run.close()
 
 
-__all__ = ["CURVE", "Run", "curve_point", "evaluate_held_out", "read_curve", "finish_run", "finished_summary", "make_batch", "make_pool",
+__all__ = ["CURVE", "GIVEN_BEFORE", "Run", "curve_point", "given_before", "evaluate_held_out", "read_curve", "finish_run", "finished_summary", "make_batch", "make_pool",
            "save_checkpoint", "start_run", "train", "train_step"]
