@@ -231,3 +231,17 @@ def test_run_episodes_keeps_order_and_excludes_unknown(tmp_path, capsys):
     assert success_rate(episodes) == (0.0, 4, 1)
     assert seen[:3] == [2, 2, 2] and seen[-1] == 1
     assert "libero_10 episodes" in capsys.readouterr().err   # the progress bar
+
+
+def test_frames_subsampled_in_the_record(tmp_path):
+    """record_every=2 keeps the frames of steps 0, 2, 4 (the stand-in paints step t's frames with value t)."""
+    with _fake_pool(cameras=("agentview", "wrist"), camera_size=8, record_every=2, max_steps=5) as pool:
+        obs = pool.reset([(0, 0)])
+        assert obs["agentview"].shape == (1, 8, 8, 3) and obs["wrist"].dtype == np.uint8
+        pool.step(np.zeros((1, 5, 7)))
+        ep = pool.episodes[0]
+    assert ep.frame_steps.tolist() == [0, 2, 4] and ep.frames["wrist"].shape == (3, 8, 8, 3)
+    assert ep.frames["agentview"][:, 0, 0, 0].tolist() == [0, 2, 4]
+    back = Episode.load(ep.save(tmp_path / "sub.npz"))
+    np.testing.assert_array_equal(back.frames["agentview"], ep.frames["agentview"])
+    np.testing.assert_array_equal(back.frame_steps, ep.frame_steps)
