@@ -76,7 +76,7 @@ class _Worker:
         try:
             self.conn.send(msg)
         except (BrokenPipeError, ConnectionResetError, OSError) as e:
-            raise _Lost(self._death(f"send failed ({type(e).__name__})")) from None
+            raise _Lost(self.death(f"send failed ({type(e).__name__})")) from None
 
     def recv(self, timeout: float, what: str):
         """The next message, or `_Lost` when the process died or stayed silent for `timeout` seconds."""
@@ -85,12 +85,12 @@ class _Worker:
                 raise _Lost(f"no reply to {what} within {timeout:.0f} s (hung; killed)")
             msg = self.conn.recv()
         except (EOFError, ConnectionResetError, OSError):
-            raise _Lost(self._death(f"during {what}")) from None
+            raise _Lost(self.death(f"during {what}")) from None
         if msg[0] == "error" and msg[1] == "env":
             raise _Lost(f"exception during {what}: {msg[2].strip().splitlines()[-1]}")
         return msg
 
-    def _death(self, when: str) -> str:
+    def death(self, when: str) -> str:
         try:
             rc = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -127,9 +127,10 @@ class _Worker:
         self.kill()
 
 
-def _kill_all(workers) -> None:   # weakref.finalize: no simulator process outlives its pool
+def _kill_all(workers, log_dir: pathlib.Path) -> None:   # weakref.finalize: nothing outlives its pool
     for w in workers:
         w.kill()
+    shutil.rmtree(log_dir, ignore_errors=True)
 
 
 @dataclasses.dataclass
@@ -175,8 +176,7 @@ class SimPool:
         if isinstance(cameras, str):
             cameras = (cameras,)
         cameras = tuple(cameras)
-        bad = [c for c in cameras if c not in suites.CAMERA_KEYS] + (["(repeated)"] if len(set(cameras)) < len(cameras) else [])
-        if bad:
+        if any(c not in suites.CAMERA_KEYS for c in cameras) or len(set(cameras)) < len(cameras):
             raise ValueError(f"cameras={cameras!r}: expected distinct names from {tuple(suites.CAMERA_KEYS)}, or ()")
         if isinstance(camera_size, bool) or not isinstance(camera_size, int) or not 8 <= camera_size <= 1024:
             raise ValueError(f"camera_size={camera_size!r}: expected an int in 8..1024 (pixels)")
@@ -199,6 +199,7 @@ class SimPool:
         self.render, self.env_factory, self.seed = render, env_factory, seed
         self._rows: list[_Row] = []
         self._obs: dict | None = None
+        self._closed = False
         self._counts = {"episodes": 0, "env_steps": 0, "restarts": 0, "step_calls": 0, "step_wall_s": 0.0}
 
         env = {**os.environ, **(worker_env or {}), "MUJOCO_GL": render, "PYOPENGL_PLATFORM": render,
@@ -207,7 +208,7 @@ class SimPool:
                "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
         self._log_dir = pathlib.Path(tempfile.mkdtemp(prefix="simpool-"))
         self._w = [_Worker(i, env, self._log_dir) for i in range(workers)]
-        self._finalizer = weakref.finalize(self, _kill_all, self._w)
+        self._finalizer = weakref.finalize(self, _kill_all, self._w, self._log_dir)
         for w in self._w:
             w.start()
         for w in self._w:   # the render probe runs first in every process: a broken backend fails here
@@ -226,6 +227,8 @@ class SimPool:
     def reset(self, starts) -> dict:
         """Start one episode per (task, initial-state index) pair, task by index or name; row i runs in
         process i. Returns the batched observation after the settle steps (see `step`)."""
+        if self._closed:
+            raise RuntimeError("SimPool.reset: the pool is closed")
         starts = list(starts)
         if not 1 <= len(starts) <= self.workers:
             raise ValueError(f"reset: {len(starts)} starts for {self.workers} simulator processes: "
@@ -259,6 +262,8 @@ class SimPool:
         name -> uint8 [N, H, W, 3] upright, "proprio" float32 [N, 8], "instruction" list of N strings,
         "task_id" int [N]. A finished row keeps its last observation.
         """
+        if self._closed:
+            raise RuntimeError("SimPool.step: the pool is closed")
         if not self._rows:
             raise RuntimeError("SimPool.step: no episodes (call reset first)")
         n = len(self._rows)
@@ -286,7 +291,9 @@ class SimPool:
             w = self._w[i]
             try:
                 if w.proc is None or w.proc.poll() is not None or w.conn.closed:
-                    self._restart(i)
+                    if msg[0] == "step":   # it died while its episode waited for the policy
+                        raise _Lost(w.death("before step"))
+                    self._restart(i)   # an idle process that died: a fresh one takes the new episode
                 w.wait_ready(self.start_timeout_s)
                 w.send(msg)
                 sent.append(i)
@@ -354,10 +361,11 @@ class SimPool:
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
+        """Ask every process to exit (killed after 5 s), then remove their logs."""
+        self._closed = True
         for w in self._w:
             w.close()
-        self._finalizer.detach()
-        shutil.rmtree(self._log_dir, ignore_errors=True)
+        self._finalizer()
 
     def __enter__(self) -> "SimPool":
         return self
@@ -366,10 +374,9 @@ class SimPool:
         self.close()
 
     def __repr__(self) -> str:
-        alive = sum(p is not None for p in self.pids)
-        cams = ",".join(self.cameras) or "none"
-        return (f"SimPool({self.suite}, workers={self.workers} ({alive} alive), cameras={cams} "
-                f"{self.camera_size}px, max_steps={self.max_steps}, episodes={self._counts['episodes']}, "
+        alive = "closed" if self._closed else f"{sum(p is not None for p in self.pids)} alive"
+        cams = f"{','.join(self.cameras)} {self.camera_size}px" if self.cameras else "none"
+        return (f"SimPool({self.suite}, workers={self.workers} ({alive}), cameras={cams}, max_steps={self.max_steps}, episodes={self._counts['episodes']}, "
                 f"restarts={self._counts['restarts']})")
 
 

@@ -168,6 +168,10 @@ def test_batched_steps_chunks_and_episode_records(tmp_path):
         obs, done, success = pool.step(np.zeros((1, 3, 7)))
         assert done.tolist() == [False] and pool.pids == pids and pool.stats()["restarts"] == 0
         print(pool)
+    assert repr(pool) == ("SimPool(libero_10, workers=2 (closed), cameras=none, max_steps=6, episodes=3, "
+                          "restarts=0)")
+    with pytest.raises(RuntimeError, match="the pool is closed"):
+        pool.reset([(0, 0)])
 
 
 @pytest.mark.parametrize("kind, reason", [("segv", "killed by SIGSEGV"), ("raise", "RuntimeError: injected fault"),
@@ -211,8 +215,13 @@ def test_process_killed_from_outside_is_unknown(tmp_path):
     with _fake_pool() as pool:
         pool.reset([(0, 0), (1, 0)])
         os.kill(pool.pids[1], 9)
+        time.sleep(0.5)   # dead before the step is sent: found at send time, not by a missing reply
         _, done, success = pool.step(np.zeros((2, 7)))
-        assert done.tolist() == [False, True] and "killed by SIGKILL" in pool.episodes[1].reason
+        assert done.tolist() == [False, True] and "killed by SIGKILL before step" in pool.episodes[1].reason
+        os.kill(pool.pids[0], 9)   # and at once: whichever way it is found, the same reason
+        _, done, success = pool.step(np.zeros((2, 7)))
+        assert done.tolist() == [True, True] and "killed by SIGKILL" in pool.episodes[0].reason
+        assert pool.stats()["restarts"] == 2
 
 
 def test_run_episodes_keeps_order_and_excludes_unknown(tmp_path, capsys):
