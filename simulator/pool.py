@@ -45,6 +45,10 @@ class _Lost(Exception):
     """A simulator process that will not answer (its `str` is the reason)."""
 
 
+class _NoRender(_Lost):
+    """A simulator process whose render probe failed (its `str` is the error)."""
+
+
 class _Worker:
     """One simulator process and its socket; its stdout/stderr go to a log file whose tail explains crashes."""
 
@@ -69,7 +73,7 @@ class _Worker:
             return
         msg = self.recv(timeout, "start")
         if msg[0] == "error":
-            raise _Lost(msg[2])
+            raise _NoRender(msg[2])
         self.ready = True
 
     def send(self, msg) -> None:
@@ -180,7 +184,7 @@ class SimPool:
             raise ValueError(f"cameras={cameras!r}: expected distinct names from {tuple(suites.CAMERA_KEYS)}, or ()")
         if isinstance(camera_size, bool) or not isinstance(camera_size, int) or not 8 <= camera_size <= 1024:
             raise ValueError(f"camera_size={camera_size!r}: expected an int in 8..1024 (pixels)")
-        max_steps = suites.MAX_STEPS.get(suite, 520) if max_steps is None else max_steps
+        max_steps = suites.default_max_steps(suite) if max_steps is None else max_steps
         for name, v, lo in (("max_steps", max_steps, 1), ("settle_steps", settle_steps, 0),
                             ("record_every", record_every, 0)):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
@@ -214,7 +218,7 @@ class SimPool:
         for w in self._w:   # the render probe runs first in every process: a broken backend fails here
             try:
                 w.wait_ready(self.start_timeout_s)
-            except _Lost as e:
+            except _NoRender as e:
                 self.close()
                 why = " ".join(str(e).split()).rstrip(".")
                 raise RuntimeError(
@@ -222,6 +226,9 @@ class SimPool:
                     f"offscreen {camera_size}x{camera_size} context through robosuite's {render} binding): "
                     f"{why}. Needs {_RENDER_NEEDS[render]}; or pass cameras=() to simulate without "
                     f"rendering") from None
+            except _Lost as e:
+                self.close()
+                raise RuntimeError(f"simulator process {w.index} did not start: {e}") from None
 
     # ------------------------------------------------------------------ episodes
     def reset(self, starts) -> dict:

@@ -34,6 +34,12 @@ CAMERA_KEYS = {"agentview": "agentview", "wrist": "robot0_eye_in_hand"}
 MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
 
 
+def default_max_steps(suite: str) -> int:
+    """The standard episode budget of `suite`, or of the LIBERO suite a LIBERO-PRO variant perturbs."""
+    base = max((b for b in MAX_STEPS if suite == b or suite.startswith(b + "_")), key=len, default=None)
+    return MAX_STEPS[base] if base else MAX_STEPS["libero_10"]
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskInfo:
     """One task of a suite. `task_id` is its index in the suite's default (benchmark) order."""

@@ -254,3 +254,13 @@ def test_frames_subsampled_in_the_record(tmp_path):
     back = Episode.load(ep.save(tmp_path / "sub.npz"))
     np.testing.assert_array_equal(back.frames["agentview"], ep.frames["agentview"])
     np.testing.assert_array_equal(back.frame_steps, ep.frame_steps)
+
+
+def test_a_process_that_cannot_start_is_one_clear_error():
+    """An interpreter that exits at start-up (an invalid setting it reads from the environment)."""
+    with pytest.raises(RuntimeError) as err:
+        SimPool(SUITE, workers=1, cameras=(), worker_env={"PYTHONINTMAXSTRDIGITS": "1"}, start_timeout_s=60)
+    msg = str(err.value)
+    assert msg.startswith("simulator process 0 did not start: process exited with code 1 during start; log: ")
+    assert "Fatal Python error" in msg and "PYTHONINTMAXSTRDIGITS" in msg and "render" not in msg, msg
+    assert "\n" not in msg
