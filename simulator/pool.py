@@ -38,7 +38,9 @@ RENDER_BACKENDS = ("egl", "osmesa")   # headless MuJoCo rendering on Linux (glfw
 # What each backend needs on Debian/Ubuntu (.ci/run installs the EGL set).
 _RENDER_NEEDS = {"egl": "Mesa's software EGL: apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri libgbm1 libopengl0",
                  "osmesa": "OSMesa: apt-get install libosmesa6"}
-SETTLE_STEPS = 10   # no-op steps after reset while dropped objects come to rest (OpenVLA's LIBERO evaluation)
+# OpenVLA's LIBERO evaluation script waits this many steps (its `num_steps_wait`) after setting the initial
+# state, with zero motion and the gripper open, "because the simulator drops objects"; they are not policy steps.
+SETTLE_STEPS = 10
 
 
 class _Lost(Exception):
