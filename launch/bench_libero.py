@@ -1,7 +1,7 @@
 r"""LIBERO-Long simulation speed: `SimPool` (1 and 2 processes) against one env stepped in-process.
 
-  python launch/bench_libero.py            # ~1.5 min on 2 CPU cores (each scene build ~6-12 s)
-  python launch/bench_libero.py --quick    # fewer steps (~1 min)
+  python launch/bench_libero.py            # ~1.5-2 min on 2 loaded CPU cores (a scene build ~6-12 s)
+  python launch/bench_libero.py --quick    # fewer steps (~1.5 min: the builds dominate)
 
 Peer: the benchmark's own `OffScreenRenderEnv`, built and stepped directly in
 this process, as the standard evaluation scripts do (one env, no process
@@ -12,7 +12,8 @@ at all). Every side starts from the same initial state of one task, takes the
 env steps only (scene builds and resets are printed apart).
 
 Printed: env steps/s (all rows together) per side, and each pool side's ratio to
-the peer with the same cameras. With W processes the ideal ratio is ~W minus
+the peer with the same cameras; and the pool's own cost, the round trip of one
+`pool.step` around a stand-in env that does no physics (`NullEnv`, same frames). With W processes the ideal ratio is ~W minus
 the per-step round trip (pickling two frames per row); on a loaded host the
 2-process rows show the cores actually free.
 
@@ -34,6 +35,49 @@ if str(ROOT) not in sys.path:   # runnable from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 SUITE = "libero_10"
+
+
+class NullEnv:
+    """The env interface with no physics: fixed observations of the real shapes (the pool's own cost)."""
+
+    def __init__(self, *, bddl_file, cameras, camera_size, horizon):
+        keys = {"agentview": "agentview_image", "wrist": "robot0_eye_in_hand_image"}
+        self.obs = {"robot0_eef_pos": np.zeros(3), "robot0_eef_quat": np.array([0, 0, 0, 1.0]),
+                    "robot0_gripper_qpos": np.zeros(2),
+                    **{keys[c]: np.zeros((camera_size, camera_size, 3), np.uint8) for c in cameras}}
+
+    def seed(self, seed):
+        pass
+
+    def reset(self):
+        pass
+
+    def set_init_state(self, state):
+        return self.obs
+
+    def step(self, action):
+        return self.obs, 0.0, False, {}
+
+    def check_success(self):
+        return False
+
+    def close(self):
+        pass
+
+
+def round_trip_ms(cameras: tuple, size: int, n: int = 300) -> float:
+    """Milliseconds per `pool.step` (one row, one action) around `NullEnv`."""
+    import simulator
+
+    with simulator.SimPool(SUITE, workers=1, cameras=cameras, camera_size=size, settle_steps=0, max_steps=n + 50,
+                           record_every=0, env_factory="bench_libero:NullEnv") as pool:
+        pool.reset([(0, 0)])
+        for _ in range(20):
+            pool.step(np.zeros((1, 7)))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            pool.step(np.zeros((1, 7)))
+        return 1000 * (time.perf_counter() - t0) / n
 
 
 def actions(n_steps: int, rows: int, seed: int = 0) -> np.ndarray:
@@ -87,12 +131,12 @@ def main(argv=None) -> None:
     p.add_argument("--task", type=int, default=0, help="LIBERO-Long task index")
     p.add_argument("--init", type=int, default=0, help="initial state index")
     p.add_argument("--camera_size", type=int, default=128)
-    p.add_argument("--steps_cameras", type=int, default=48, help="timed steps per row with cameras")
-    p.add_argument("--steps_blind", type=int, default=400, help="timed steps per row without cameras")
+    p.add_argument("--steps_cameras", type=int, default=32, help="timed steps per row with cameras")
+    p.add_argument("--steps_blind", type=int, default=300, help="timed steps per row without cameras")
     p.add_argument("--chunk", type=int, default=1, help="actions per pool.step call (1: a round trip per step)")
     args = p.parse_args(argv)
     if args.quick:
-        args.steps_cameras, args.steps_blind = 24, 200
+        args.steps_cameras, args.steps_blind = 16, 150
 
     import simulator
 
@@ -116,6 +160,10 @@ def main(argv=None) -> None:
               f"{r['setup_s']:>14.1f}")
     print("(pool build+reset: the 1-process row builds the scene; the 2-process row reuses it in process 0 and "
           "builds it in process 1, in parallel)")
+    for cams in ((), ("agentview", "wrist")):
+        label = f"agentview+wrist {args.camera_size}px" if cams else "no cameras"
+        print(f"pool overhead, {label}: {round_trip_ms(cams, args.camera_size):.2f} ms per pool.step round trip "
+              f"(one row, NullEnv: no physics)")
 
 
 if __name__ == "__main__":
