@@ -216,7 +216,8 @@ def test_compare_end_to_end_and_resume(tmp_path, monkeypatch):
     assert report["arms"]["real"]["wm_predictions"] == 0
     assert list(report["base"]["per_seed"]["0"]["per_task"]) == ["two_moons_noisy"]
     table = (tmp_path / "out" / "table.md").read_text()
-    assert "| `real` (n=1) |" in table and "| `wmrl` (n=1) |" in table and "| base (untrained) |" in table
+    assert "| `real` (n=1) |" in table and "| `wmrl` (n=1) |" in table and "| base (untrained, n=1) |" in table
+    assert json.loads((compare.base_dir(spec, 0) / "eval.json").read_text())["eval_seed"] == compare.eval_seed(0)
     for png in ("score_vs_cost.png", "calibration.png", "corrections.png"):
         assert (tmp_path / "out" / png).is_file(), png
     assert compare.read_pairs(spec.run_dir("wmrl", 0))[1]["wm"]   # the loop logged its anchor pairs
