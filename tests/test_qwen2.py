@@ -115,11 +115,11 @@ def test_sampler_runs_on_qwen2(checkpoint):
     model = models.load_hf(checkpoint[0])
     prompts = [PROMPTS[1], PROMPTS[2]]
     out = generate(model, prompts, max_new_tokens=4, temperature=0.0, eos_ids=())
-    for prompt, got in zip(prompts, out.tokens):
-        seq = list(prompt)
-        for _ in range(4):
-            seq.append(int(np.argmax(np.asarray(model.logits(np.asarray([seq])))[0, -1])))
-        assert got == seq[len(prompt) :]
+    # Greedy: each new id is the argmax of one full forward over prompt + the ids before it (one batch, left-padded).
+    tokens, mask = left_pad([p + got for p, got in zip(prompts, out.tokens)])
+    argmax = np.argmax(np.asarray(model.logits(tokens, mask.astype(bool))), axis=-1)
+    for row, got in enumerate(out.tokens):
+        assert len(got) == 4 and argmax[row, -5:-1].tolist() == got
     assert all(np.isfinite(lp).all() and (lp <= 0).all() for lp in out.logprobs)
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from wmrl_jax.models import layers as L
 from wmrl_jax.models import qwen3
 from wmrl_jax.models.qwen3 import (  # noqa: F401 - the family contract, shared with Qwen3
     cache_axes,
@@ -59,29 +58,8 @@ def config_from_hf(hf: dict) -> Qwen2Config:
             f"use_sliding_window={hf.get('use_sliding_window')}, layer_types with {len(sliding)} sliding layer(s): "
             "sliding-window attention is not implemented (expected every layer 'full_attention')"
         )
-    # transformers' Qwen2Attention: head_dim = config.head_dim if set, else hidden_size // heads.
-    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
-    theta, rotary_dim = L.rope_settings(hf.get("rope_parameters"), head_dim, rope_theta=hf.get("rope_theta"))
-    if rotary_dim != head_dim:
-        raise NotImplementedError("Qwen2 rotates the whole head; partial_rotary_factor != 1 is not supported")
-    eos = hf.get("eos_token_id")
-    return Qwen2Config(
-        vocab_size=hf["vocab_size"],
-        hidden_size=hf["hidden_size"],
-        intermediate_size=hf["intermediate_size"],
-        num_layers=hf["num_hidden_layers"],
-        num_heads=hf["num_attention_heads"],
-        num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-        head_dim=head_dim,
-        rope_theta=theta,
-        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        max_position_embeddings=hf.get("max_position_embeddings", 32_768),
-        initializer_range=hf.get("initializer_range", 0.02),
-        bos_token_id=hf.get("bos_token_id"),
-        eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
-        pad_token_id=hf.get("pad_token_id"),
-    )
+    # transformers' Qwen2Attention: head_dim = config.head_dim if set, else hidden_size // heads (as Qwen3).
+    return qwen3.dense_config_from_hf(Qwen2Config, hf, "Qwen2", max_positions=32_768)
 
 
 def config_to_hf(config: Qwen2Config) -> dict:

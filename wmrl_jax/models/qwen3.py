@@ -78,12 +78,17 @@ def config_from_hf(hf: dict) -> Config:
         raise NotImplementedError("attention_bias=True: Qwen3 checkpoints have no attention biases; not implemented")
     if hf.get("use_sliding_window", False):
         raise NotImplementedError("use_sliding_window=True: sliding-window attention is not implemented")
+    return dense_config_from_hf(Config, hf, "Qwen3", max_positions=40_960)
+
+
+def dense_config_from_hf(config_class: type, hf: dict, name: str, *, max_positions: int):
+    """`config_class` (this Config or a subclass: Qwen2's) from an HF config dict, its options already checked."""
     head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
     theta, rotary_dim = L.rope_settings(hf.get("rope_parameters"), head_dim, rope_theta=hf.get("rope_theta"))
     if rotary_dim != head_dim:
-        raise NotImplementedError("Qwen3 rotates the whole head; partial_rotary_factor != 1 is not supported")
+        raise NotImplementedError(f"{name} rotates the whole head; partial_rotary_factor != 1 is not supported")
     eos = hf.get("eos_token_id")
-    return Config(
+    return config_class(
         vocab_size=hf["vocab_size"],
         hidden_size=hf["hidden_size"],
         intermediate_size=hf["intermediate_size"],
@@ -94,7 +99,7 @@ def config_from_hf(hf: dict) -> Config:
         rope_theta=theta,
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        max_position_embeddings=hf.get("max_position_embeddings", 40_960),
+        max_position_embeddings=hf.get("max_position_embeddings", max_positions),
         initializer_range=hf.get("initializer_range", 0.02),
         bos_token_id=hf.get("bos_token_id"),
         eos_token_id=tuple(eos) if isinstance(eos, list) else eos,

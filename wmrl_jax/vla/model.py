@@ -267,10 +267,10 @@ def sample_actions(params: dict, config: Config, obs: dict, rng: jax.Array, temp
 
 def act(params: dict, config: Config, obs: dict, rng: jax.Array, temperature: float = 0.0) -> jax.Array:
     """float32[N, action_dim] actions in [-1, 1] for N environments' observations (`sample_actions`, jitted)."""
-    return _sample_jit(params, config, model_inputs(config, obs), rng, temperature).actions
+    return sample_jit(params, config, model_inputs(config, obs), rng, temperature).actions
 
 
-_sample_jit = jax.jit(sample_actions, static_argnames=("config", "temperature"))
+sample_jit = jax.jit(sample_actions, static_argnames=("config", "temperature"))
 
 
 def tokenize_instructions(tokenizer, instructions: Sequence[str], *, template: str = PROMPT,
