@@ -19,7 +19,9 @@ VOCAB = 160
 # head_dim 12 != 32 / 4, non-default theta and eps.
 VARIANTS = {
     "untied_gqa2": dict(),
-    "tied_gqa4": dict(tie_word_embeddings=True, num_key_value_heads=1, head_dim=12, rope_theta=20000.0, rms_norm_eps=3e-6),
+    # The sliding-window fields as Qwen2.5's config.json has them (a window size, but use_sliding_window false).
+    "tied_gqa4": dict(tie_word_embeddings=True, num_key_value_heads=1, head_dim=12, rope_theta=20000.0, rms_norm_eps=3e-6,
+                      use_sliding_window=False, sliding_window=32768, max_window_layers=1),
 }
 PROMPTS = [[5, 17, 33, 150, 41, 7, 99, 12], [8, 9, 120], [3, 4, 5, 6, 7, 100]]
 

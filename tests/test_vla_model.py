@@ -213,4 +213,25 @@ def test_bad_inputs_name_what_is_wrong(params):
         vla.Config(backbone=VISION, vision=VISION)
     with pytest.raises(ValueError, match="image_size=20 is not a multiple of patch_size=8"):
         vision.VisionConfig(image_size=20, patch_size=8)
+    wrong = vla.init(dataclasses.replace(CFG, backbone=dataclasses.replace(BACKBONE, vocab_size=320)), jax.random.key(0))
+    with pytest.raises(ValueError, match=r"backbone_params\['embed_vd'\]: shape \(320, 32\), expected \(300, 32\)"):
+        vla.init(CFG, jax.random.key(0), backbone_params=wrong["backbone"])
     assert repr(CFG).startswith("Config(backbone=Qwen2Config(vocab_size=300")
+
+
+def test_backbone_from_a_qwen2_checkpoint_folder(tmp_path):
+    """MiniVLA's path: a Qwen2 folder (tied head, as Qwen2.5-0.5B) through `load_hf` becomes the backbone."""
+    import transformers
+
+    from helpers_hf import build_tiny_lm
+    from wmrl_jax import models
+
+    hf_cfg = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    build_tiny_lm(transformers.Qwen2ForCausalLM, hf_cfg, seed=1).save_pretrained(tmp_path)
+    loaded = models.load_hf(tmp_path)
+    cfg = dataclasses.replace(CFG, backbone=loaded.config)
+    params = vla.init(cfg, jax.random.key(0), backbone_params=loaded.params)
+    assert params["backbone"] is loaded.params
+    actions = np.asarray(vla.act(params, cfg, _obs(), jax.random.key(0), 1.0))
+    assert actions.shape == (3, 7) and np.abs(actions).max() < 1

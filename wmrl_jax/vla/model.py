@@ -111,8 +111,22 @@ def init(config: Config, rng: jax.Array, dtype: Any = jnp.float32, *, backbone_p
     }
     if backbone_params is None:
         backbone_params = config.family.init_params(config.backbone, k_backbone, dtype)
+    else:
+        _check_backbone(config, backbone_params)
     params["backbone"] = backbone_params
     return params
+
+
+def _check_backbone(config: Config, given: dict) -> None:
+    """A clear error for backbone params whose tree or shapes are not those of `config.backbone`."""
+    want = jax.eval_shape(lambda: config.family.init_params(config.backbone, jax.random.key(0)))
+    flat_want = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_leaves_with_path(want)}
+    flat_given = {jax.tree_util.keystr(k): np.shape(v) for k, v in jax.tree_util.tree_leaves_with_path(given)}
+    for key in sorted(flat_want.keys() | flat_given.keys()):
+        if flat_want.get(key) != flat_given.get(key):
+            raise ValueError(f"backbone_params{key}: shape {flat_given.get(key, 'missing')}, expected "
+                             f"{flat_want.get(key, 'no such leaf')} for {type(config.backbone).__name__} "
+                             f"(hidden_size={config.backbone.hidden_size}, vocab_size={config.backbone.vocab_size})")
 
 
 def model_inputs(config: Config, obs: dict) -> dict:
