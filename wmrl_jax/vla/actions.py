@@ -78,7 +78,8 @@ class ActionTokenizer:
     def encode(self, actions) -> np.ndarray | jnp.ndarray:
         """int32[..., action_dim] ids of float actions [..., action_dim] (clipped to [low, high] first).
 
-        A jax array in gives a jax array out (jittable); anything else numpy.
+        A jax array in gives a jax array out (jittable), binned on float32 edges: a value within float32
+        rounding of an edge may land in the neighbouring bin. Anything else: numpy, float64 edges (OpenVLA's).
         """
         xp = jnp if isinstance(actions, jnp.ndarray) else np
         actions = xp.asarray(actions)
