@@ -78,13 +78,19 @@ def randomize_norms(model, seed: int = 0, *, scale: float = 0.3, center: float =
 
 def build_tiny_qwen3(config=None, *, seed: int = 0):
     """A random `Qwen3ForCausalLM` in f32 eval mode, norms randomized, eager attention."""
-    import torch
     import transformers
 
-    config = config if config is not None else tiny_qwen3_config()
+    return build_tiny_lm(transformers.Qwen3ForCausalLM, config if config is not None else tiny_qwen3_config(), seed=seed)
+
+
+def build_tiny_lm(model_class, config, *, seed: int = 0):
+    """A random `model_class(config)` (an HF causal LM) in f32 eval mode, weights 0.15·N(0, 1) (biases
+    too), norms randomized, eager attention."""
+    import torch
+
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
-    model = transformers.Qwen3ForCausalLM(config).to(torch.float32).eval()
+    model = model_class(config).to(torch.float32).eval()
     # initializer_range 0.02 gives near-uniform logits; larger weights make
     # parity errors visible instead of drowned in tiny numbers.
     gen = torch.Generator().manual_seed(seed)

@@ -117,7 +117,7 @@ def test_bad_checkpoints_raise_errors_naming_the_tensor(tied, tmp_path):
     unsupported = shutil.copytree(tied, tmp_path / "llama")
     config = json.loads((unsupported / "config.json").read_text())
     (unsupported / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
-    with pytest.raises(ValueError, match=r"unsupported model_type 'llama'; supported: \['qwen3', 'qwen3_5', 'qwen3_5_text'\]"):
+    with pytest.raises(ValueError, match=r"unsupported model_type 'llama'; supported: \['qwen2', 'qwen3', 'qwen3_5', 'qwen3_5_text'\]"):
         models.load_hf(unsupported)
     with pytest.raises(FileNotFoundError, match="expected model.safetensors or model.safetensors.index.json"):
         (tmp_path / "empty").mkdir()

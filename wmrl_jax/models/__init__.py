@@ -20,7 +20,7 @@ from wmrl_jax.models.tokenizer import load_tokenizer
 
 def init(config: Any, rng: jax.Array, dtype: Any = "float32", *, mesh: jax.sharding.Mesh | None = None) -> Model:
     """A randomly initialised `Model` of `config` (any family's Config), sharded over `mesh` if given."""
-    family = _family_of(config)
+    family = family_of(config)
     dtype = jnp.dtype(dtype)
 
     def make(rng):
@@ -35,7 +35,7 @@ def init(config: Any, rng: jax.Array, dtype: Any = "float32", *, mesh: jax.shard
     return Model(config=config, params=params, family=family, mesh=mesh)
 
 
-def _family_of(config: Any):
+def family_of(config: Any):
     """The family whose `Config` class `config` is (a family may define it in a helper module)."""
     for model_type in FAMILIES:
         family = get_family(model_type)
@@ -49,6 +49,7 @@ __all__ = [
     "FAMILIES",
     "HfTensor",
     "Model",
+    "family_of",
     "get_family",
     "init",
     "load_hf",

@@ -57,6 +57,10 @@ Conventions shared by all families
   dims; attention scores and the rest are recomputed), trading memory back
   for less recomputation. The result and its gradient are the same either
   way (up to float rounding).
+* ``forward(..., embeds=None)``: optional ``[B, T, D]`` input vectors in
+  place of the token embeddings (``layers.embed_inputs``); the tokens then
+  only give the shape. A VLA puts image patches before its text this way
+  (``wmrl_jax.vla.model``).
 * ``param_axes`` leaves are tuples of logical names (see ``sharding.RULES``);
   ``cache_axes`` likewise, with ``()`` for the scalar ``index``.
 * Writing past ``max_len`` in a cache is not detected inside jit
@@ -78,6 +82,7 @@ Cache = dict
 
 # HF `model_type` -> module implementing the family, imported on first use.
 FAMILIES: dict[str, str] = {
+    "qwen2": "wmrl_jax.models.qwen2",
     "qwen3": "wmrl_jax.models.qwen3",
     "qwen3_5": "wmrl_jax.models.qwen35",
     "qwen3_5_text": "wmrl_jax.models.qwen35",
@@ -228,6 +233,7 @@ class ModelFamily(Protocol):
         cache: Cache | None = None,
         *,
         remat: str | None = None,  # None or a key of REMAT_POLICIES
+        embeds: jax.Array | None = None,  # [B, T, D] inputs in place of the token embeddings
     ) -> tuple[jax.Array, Cache | None]: ...
 
     def unembed(self, params: Params, config: Any, hidden: jax.Array) -> jax.Array: ...

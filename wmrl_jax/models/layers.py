@@ -324,6 +324,21 @@ def unembed(hidden_btd: jax.Array, params: dict, tied: bool) -> jax.Array:
     return jnp.einsum("btd,vd->btv", hidden_btd, w_vd, preferred_element_type=jnp.float32)
 
 
+def embed_inputs(embed_vd: jax.Array, tokens: jax.Array, embeds: jax.Array | None) -> jax.Array:
+    """A family's input to its first layer: ``embed_vd[tokens]``, or the given ``embeds`` [B, T, D] in its place.
+
+    ``embeds`` lets a caller put other vectors into the sequence (a VLA's
+    image patches before its text: ``wmrl_jax.vla.model``); ``tokens`` then
+    only give the [B, T] shape. Cast to the embedding's dtype.
+    """
+    if embeds is None:
+        return jnp.take(embed_vd, tokens, axis=0)
+    want = tuple(tokens.shape) + (embed_vd.shape[1],)
+    if tuple(embeds.shape) != want:
+        raise ValueError(f"embeds: shape {tuple(embeds.shape)}, expected {want} (the tokens' [B, T] and the model width)")
+    return embeds.astype(embed_vd.dtype)
+
+
 def positions_from_valid(valid: jax.Array) -> jax.Array:
     """RoPE positions of a left-padded batch: cumsum(valid) - 1, clipped at 0 (int32[B, T])."""
     return jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=-1) - 1, 0)

@@ -9,13 +9,18 @@ Params (leading L = layers axis on everything under "layers"):
   layers: attn_norm_d [L, D], q_proj_dnh [L, D, N, H], k_proj_dkh / v_proj_dkh
   [L, D, K, H], q_norm_h / k_norm_h [L, H], o_proj_nhd [L, N, H, D],
   mlp_norm_d [L, D], gate_proj_df / up_proj_df [L, D, F], down_proj_fd [L, F, D].
+
+The Qwen2 family (`qwen2.py`) is this layout without q/k norms and with
+biases on q, k, v (q_bias_nh [L, N, H], k_bias_kh / v_bias_kh [L, K, H]):
+its Config subclasses this one and flips the two class-level switches
+`QK_NORM` and `QKV_BIAS`; every function here reads them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +56,11 @@ class Config:
     # None: every id is a token. Not an HF field: `chat.load_chat_model` sets it from the tokenizer.
     token_count: int | None = None
 
+    # The layout, fixed per family (not per checkpoint): Qwen3 normalises q and k per head and has no
+    # attention biases; `qwen2.Qwen2Config` sets both the other way.
+    QK_NORM: ClassVar[bool] = True
+    QKV_BIAS: ClassVar[bool] = False
+
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
@@ -68,12 +78,17 @@ def config_from_hf(hf: dict) -> Config:
         raise NotImplementedError("attention_bias=True: Qwen3 checkpoints have no attention biases; not implemented")
     if hf.get("use_sliding_window", False):
         raise NotImplementedError("use_sliding_window=True: sliding-window attention is not implemented")
+    return dense_config_from_hf(Config, hf, "Qwen3", max_positions=40_960)
+
+
+def dense_config_from_hf(config_class: type, hf: dict, name: str, *, max_positions: int):
+    """`config_class` (this Config or a subclass: Qwen2's) from an HF config dict, its options already checked."""
     head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
     theta, rotary_dim = L.rope_settings(hf.get("rope_parameters"), head_dim, rope_theta=hf.get("rope_theta"))
     if rotary_dim != head_dim:
-        raise NotImplementedError("Qwen3 rotates the whole head; partial_rotary_factor != 1 is not supported")
+        raise NotImplementedError(f"{name} rotates the whole head; partial_rotary_factor != 1 is not supported")
     eos = hf.get("eos_token_id")
-    return Config(
+    return config_class(
         vocab_size=hf["vocab_size"],
         hidden_size=hf["hidden_size"],
         intermediate_size=hf["intermediate_size"],
@@ -84,7 +99,7 @@ def config_from_hf(hf: dict) -> Config:
         rope_theta=theta,
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        max_position_embeddings=hf.get("max_position_embeddings", 40_960),
+        max_position_embeddings=hf.get("max_position_embeddings", max_positions),
         initializer_range=hf.get("initializer_range", 0.02),
         bos_token_id=hf.get("bos_token_id"),
         eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
@@ -120,19 +135,32 @@ def config_to_hf(config: Config) -> dict:
 
 def _layer_shapes(c: Config) -> dict[str, tuple[int, ...]]:
     d, n, k, h, f = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
-    return {
+    shapes = {
         "attn_norm_d": (d,),
         "q_proj_dnh": (d, n, h),
         "k_proj_dkh": (d, k, h),
         "v_proj_dkh": (d, k, h),
         "q_norm_h": (h,),
         "k_norm_h": (h,),
+        "q_bias_nh": (n, h),
+        "k_bias_kh": (k, h),
+        "v_bias_kh": (k, h),
         "o_proj_nhd": (n, h, d),
         "mlp_norm_d": (d,),
         "gate_proj_df": (d, f),
         "up_proj_df": (d, f),
         "down_proj_fd": (f, d),
     }
+    return {name: s for name, s in shapes.items() if _has_leaf(c, name)}
+
+
+def _has_leaf(c: Config, name: str) -> bool:
+    """Whether a layer weight exists in this family's layout (q/k norms: Qwen3; q/k/v biases: Qwen2)."""
+    if name in ("q_norm_h", "k_norm_h"):
+        return c.QK_NORM
+    if name in ("q_bias_nh", "k_bias_kh", "v_bias_kh"):
+        return c.QKV_BIAS
+    return True
 
 
 def param_axes(config: Config) -> dict:
@@ -146,6 +174,9 @@ def param_axes(config: Config) -> dict:
             "v_proj_dkh": ("layers", "embed", "kv_heads", "head_dim"),
             "q_norm_h": ("layers", "norm"),
             "k_norm_h": ("layers", "norm"),
+            "q_bias_nh": ("layers", "heads", "head_dim"),
+            "k_bias_kh": ("layers", "kv_heads", "head_dim"),
+            "v_bias_kh": ("layers", "kv_heads", "head_dim"),
             "o_proj_nhd": ("layers", "heads", "head_dim", "embed"),
             "mlp_norm_d": ("layers", "norm"),
             "gate_proj_df": ("layers", "embed", "mlp"),
@@ -153,20 +184,21 @@ def param_axes(config: Config) -> dict:
             "down_proj_fd": ("layers", "mlp", "embed"),
         },
     }
+    axes["layers"] = {name: a for name, a in axes["layers"].items() if _has_leaf(config, name)}
     if not config.tie_word_embeddings:
         axes["lm_head_dv"] = ("embed", "vocab")
     return axes
 
 
 def init_params(config: Config, rng: jax.Array, dtype: Any = jnp.float32) -> Params:
-    """Random init as transformers does it: N(0, initializer_range) matrices, unit norms.
+    """Random init as transformers does it: N(0, initializer_range) matrices, unit norms, zero biases.
 
     All matrices are slices of ONE normal draw: each `jax.random` call is its
     own RNG program, and a dozen of them cost ~10x the compile time on CPU.
     """
     c = config
     shapes = {"embed_vd": (c.vocab_size, c.hidden_size)}
-    shapes.update({("layers", k): (c.num_layers,) + s for k, s in _layer_shapes(c).items() if "norm" not in k})
+    shapes.update({("layers", k): (c.num_layers,) + s for k, s in _layer_shapes(c).items() if _is_matrix(k)})
     if not c.tie_word_embeddings:
         shapes["lm_head_dv"] = (c.hidden_size, c.vocab_size)
     sizes = [math.prod(s) for s in shapes.values()]
@@ -179,13 +211,18 @@ def init_params(config: Config, rng: jax.Array, dtype: Any = jnp.float32) -> Par
         else:
             params[name] = value
     for name, shape in _layer_shapes(c).items():
-        if "norm" in name:
-            params["layers"][name] = jnp.ones((c.num_layers,) + shape, dtype)
+        if not _is_matrix(name):
+            fill = jnp.ones if "norm" in name else jnp.zeros
+            params["layers"][name] = fill((c.num_layers,) + shape, dtype)
     return params
 
 
+def _is_matrix(name: str) -> bool:
+    return "norm" not in name and "bias" not in name
+
+
 def hf_table(config: Config) -> list[HfTensor]:
-    """HF `Qwen3ForCausalLM` state-dict keys <-> params."""
+    """HF `Qwen3ForCausalLM` (or `Qwen2ForCausalLM`: `qwen2.py`) state-dict keys <-> params."""
     c = config
     d, n, k, h, f = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
     p = "model.layers.{layer}."
@@ -199,15 +236,24 @@ def hf_table(config: Config) -> list[HfTensor]:
         lin(p + "self_attn.v_proj.weight", ("layers", "v_proj_dkh"), (d,), (k, h), True),
         same(p + "self_attn.q_norm.weight", ("layers", "q_norm_h"), (h,), True),
         same(p + "self_attn.k_norm.weight", ("layers", "k_norm_h"), (h,), True),
+        _bias(p + "self_attn.q_proj.bias", ("layers", "q_bias_nh"), (n, h)),
+        _bias(p + "self_attn.k_proj.bias", ("layers", "k_bias_kh"), (k, h)),
+        _bias(p + "self_attn.v_proj.bias", ("layers", "v_bias_kh"), (k, h)),
         lin(p + "self_attn.o_proj.weight", ("layers", "o_proj_nhd"), (n, h), (d,), True),
         same(p + "post_attention_layernorm.weight", ("layers", "mlp_norm_d"), (d,), True),
         lin(p + "mlp.gate_proj.weight", ("layers", "gate_proj_df"), (d,), (f,), True),
         lin(p + "mlp.up_proj.weight", ("layers", "up_proj_df"), (d,), (f,), True),
         lin(p + "mlp.down_proj.weight", ("layers", "down_proj_fd"), (f,), (d,), True),
     ]
+    table = [entry for entry in table if _has_leaf(c, entry.path[-1])]
     if not c.tie_word_embeddings:
         table.append(lin("lm_head.weight", ("lm_head_dv",), (d,), (c.vocab_size,)))
     return table
+
+
+def _bias(key: str, path: tuple[str, ...], heads: tuple[int, int]) -> HfTensor:
+    """An `nn.Linear` bias [heads · head_dim] stored per head, [heads, head_dim], stacked on layers."""
+    return HfTensor(key, path, (math.prod(heads),), heads, (0, 1), stacked=True)
 
 
 def hf_ignore(config: Config) -> tuple[str, ...]:
@@ -282,18 +328,22 @@ def decode_layout(config: Config, params: Params, cache: Cache | None, *, fuse_m
 
 
 def _project_qkv(h_btd: jax.Array, lp: Params, c: Config) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """q [B, T, N, H], k and v [B, T, K, H] from separate or fused (`decode_layout`) projections."""
+    """q [B, T, N, H], k and v [B, T, K, H] from separate or fused (`decode_layout`) projections, biases added."""
     if "qkv_proj_dx" not in lp:
-        return (
+        q, k_, v = (
             jnp.einsum("btd,dnh->btnh", h_btd, lp["q_proj_dnh"]),
             jnp.einsum("btd,dkh->btkh", h_btd, lp["k_proj_dkh"]),
             jnp.einsum("btd,dkh->btkh", h_btd, lp["v_proj_dkh"]),
         )
-    n, k, h = c.num_heads, c.num_kv_heads, c.head_dim
-    qkv_btx = L.project("btd,dx->btx", h_btd, lp["qkv_proj_dx"])
-    q, k_, v = jnp.split(qkv_btx, [n * h, (n + k) * h], axis=-1)
-    batch, length = h_btd.shape[:2]
-    return q.reshape(batch, length, n, h), k_.reshape(batch, length, k, h), v.reshape(batch, length, k, h)
+    else:
+        n, k, h = c.num_heads, c.num_kv_heads, c.head_dim
+        qkv_btx = L.project("btd,dx->btx", h_btd, lp["qkv_proj_dx"])
+        q, k_, v = jnp.split(qkv_btx, [n * h, (n + k) * h], axis=-1)
+        batch, length = h_btd.shape[:2]
+        q, k_, v = q.reshape(batch, length, n, h), k_.reshape(batch, length, k, h), v.reshape(batch, length, k, h)
+    if c.QKV_BIAS:
+        q, k_, v = q + lp["q_bias_nh"], k_ + lp["k_bias_kh"], v + lp["v_bias_kh"]
+    return q, k_, v
 
 
 def forward(
@@ -305,9 +355,12 @@ def forward(
     cache: Cache | None = None,
     *,
     remat: str | None = None,
+    embeds: jax.Array | None = None,
 ) -> tuple[jax.Array, Cache | None]:
     """Final-normed hidden states [B, T, D] (param dtype) and the updated cache (see family.py).
 
+    embeds: optional [B, T, D] input vectors used instead of the token
+    embeddings (`layers.embed_inputs`); tokens then only give the shape.
     Params and cache are either stacked (the stored layout; layers run under
     `lax.scan`) or per-layer (`decode_layout`; layers unrolled). remat: None,
     or a `family.REMAT_POLICIES` name: each layer runs under `jax.checkpoint`
@@ -315,15 +368,18 @@ def forward(
     """
     c = config
     ctx = L.attention_context(tokens, positions, valid, cache)
-    x_btd = constrain(jnp.take(params["embed_vd"], tokens, axis=0), ("batch", "length", "embed"))
+    x_btd = constrain(L.embed_inputs(params["embed_vd"], tokens, embeds), ("batch", "length", "embed"))
     scale = c.head_dim**-0.5
 
     def block(x_btd, lp, attend):
         """One decoder layer; attend(q, k, v) -> (out [B, T, N, H], kv state) owns the KV handling."""
         h_btd = L.rms_norm(x_btd, lp["attn_norm_d"], c.rms_norm_eps)
         q_btnh, k_btkh, v_btkh = _project_qkv(h_btd, lp, c)
-        q_btnh = L.apply_rope(L.rms_norm(q_btnh, lp["q_norm_h"], c.rms_norm_eps), positions, c.rope_theta, c.head_dim)
-        k_btkh = L.apply_rope(L.rms_norm(k_btkh, lp["k_norm_h"], c.rms_norm_eps), positions, c.rope_theta, c.head_dim)
+        if c.QK_NORM:
+            q_btnh = L.rms_norm(q_btnh, lp["q_norm_h"], c.rms_norm_eps)
+            k_btkh = L.rms_norm(k_btkh, lp["k_norm_h"], c.rms_norm_eps)
+        q_btnh = L.apply_rope(q_btnh, positions, c.rope_theta, c.head_dim)
+        k_btkh = L.apply_rope(k_btkh, positions, c.rope_theta, c.head_dim)
         q_btnh = constrain(q_btnh, ("batch", "length", "heads", "head_dim"))
         attn_btnh, kv_state = attend(q_btnh, k_btkh, v_btkh)
         # As one [B·T, N·H] x [N·H, D] matmul: contracting (n, h) as two dims

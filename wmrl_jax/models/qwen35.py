@@ -386,9 +386,12 @@ def forward(
     cache: Cache | None = None,
     *,
     remat: str | None = None,
+    embeds: jax.Array | None = None,
 ) -> tuple[jax.Array, Cache | None]:
     """Final-normed hidden states [B, T, D] (param dtype) and the updated cache (see family.py).
 
+    embeds: optional [B, T, D] input vectors used instead of the token
+    embeddings (`layers.embed_inputs`); tokens then only give the shape.
     Params and cache are either stacked (the stored layout; the repeats run
     under `lax.scan`) or per-repeat (`decode_layout`; the repeats unrolled).
     remat: None, or a `family.REMAT_POLICIES` name: each repeat of the
@@ -397,7 +400,7 @@ def forward(
     """
     c = config
     ctx = L.attention_context(tokens, positions, valid, cache)
-    x_btd = constrain(jnp.take(params["embed_vd"], tokens, axis=0), ("batch", "length", "embed"))
+    x_btd = constrain(L.embed_inputs(params["embed_vd"], tokens, embeds), ("batch", "length", "embed"))
 
     def block(x_btd, inputs):
         block_params, block_cache = inputs
