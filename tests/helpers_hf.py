@@ -61,6 +61,11 @@ def tiny_qwen3_config(**overrides):
     return transformers.Qwen3Config(**kwargs)
 
 
+def masked_max_err(a, b, mask) -> float:
+    """The largest |a - b| over the positions `mask` marks (a [..., V] pair of logits, a [...] mask)."""
+    return float(np.max(np.abs(a - b) * np.asarray(mask)[..., None]))
+
+
 def randomize_norms(model, seed: int = 0, *, scale: float = 0.3, center: float = 1.0) -> None:
     """Sets every parameter whose name contains "norm" to center + scale * N(0, 1), in place.
 

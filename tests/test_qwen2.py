@@ -10,7 +10,7 @@ import transformers
 import jax
 import jax.numpy as jnp
 
-from helpers_hf import build_tiny_lm, hf_logits, left_pad
+from helpers_hf import build_tiny_lm, hf_logits, left_pad, masked_max_err
 from wmrl_jax import models
 from wmrl_jax.models import layers, qwen2, qwen3
 
@@ -46,10 +46,6 @@ def checkpoint(request, tmp_path_factory):
     return path, hf
 
 
-def _masked_max_err(a, b, mask):
-    return float(np.max(np.abs(a - b) * np.asarray(mask)[..., None]))
-
-
 def test_f32_logits_match_transformers(checkpoint):
     path, hf = checkpoint
     model = models.load_hf(path)
@@ -62,7 +58,7 @@ def test_f32_logits_match_transformers(checkpoint):
     tokens, mask = left_pad(PROMPTS)
     ours = np.asarray(model.logits(tokens, mask.astype(bool)))
     assert ours.shape == (3, 8, VOCAB)
-    assert _masked_max_err(ours, hf_logits(hf, tokens, mask), mask) < 1e-4
+    assert masked_max_err(ours, hf_logits(hf, tokens, mask), mask) < 1e-4
     full = np.asarray([PROMPTS[0]])
     np.testing.assert_allclose(np.asarray(model.logits(full)), hf_logits(hf, full), atol=1e-4, rtol=0)
 
@@ -91,7 +87,7 @@ def test_cached_decoding_equals_full_forward(checkpoint, layout):
         hidden, cache = forward(params, cfg, tokens[:, t : t + 1], positions[:, t : t + 1], valid[:, t : t + 1], cache)
         steps.append(hidden)
     assert int(cache["index"]) == 8
-    assert _masked_max_err(np.asarray(jnp.concatenate(steps, axis=1)), np.asarray(full), mask) < 1e-5
+    assert masked_max_err(np.asarray(jnp.concatenate(steps, axis=1)), np.asarray(full), mask) < 1e-5
 
 
 def test_save_load_round_trip_through_transformers(checkpoint, tmp_path):
@@ -104,7 +100,7 @@ def test_save_load_round_trip_through_transformers(checkpoint, tmp_path):
     assert saved["tie_word_embeddings"] == hf.config.tie_word_embeddings
     assert ("head_dim" in saved) == (model.config.head_dim != 32 // 4)  # written only where it is not derived
     tokens, mask = left_pad(PROMPTS)
-    assert _masked_max_err(hf_logits(out, tokens, mask), hf_logits(hf, tokens, mask), mask) < 1e-5
+    assert masked_max_err(hf_logits(out, tokens, mask), hf_logits(hf, tokens, mask), mask) < 1e-5
     again = models.load_hf(out)
     assert again.config == model.config
     jax.tree.map(np.testing.assert_array_equal, again.params, model.params)

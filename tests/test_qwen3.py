@@ -9,7 +9,7 @@ import torch
 import jax
 import jax.numpy as jnp
 
-from helpers_hf import build_tiny_qwen3, hf_logits, left_pad, save_tiny_qwen3, tiny_qwen3_config
+from helpers_hf import build_tiny_qwen3, hf_logits, left_pad, masked_max_err, save_tiny_qwen3, tiny_qwen3_config
 from wmrl_jax import models
 from wmrl_jax.models import layers, qwen3
 
@@ -29,10 +29,6 @@ def checkpoint(request, tmp_path_factory):
     return path, hf
 
 
-def _masked_max_err(a, b, mask):
-    return float(np.max(np.abs(a - b) * np.asarray(mask)[..., None]))
-
-
 def test_f32_logits_match_transformers(checkpoint):
     path, hf = checkpoint
     model = models.load_hf(path)
@@ -45,7 +41,7 @@ def test_f32_logits_match_transformers(checkpoint):
     tokens, mask = left_pad(PROMPTS)
     ours = np.asarray(model.logits(tokens, mask.astype(bool)))
     assert ours.dtype == np.float32 and ours.shape == (3, 8, hf.config.vocab_size)
-    assert _masked_max_err(ours, hf_logits(hf, tokens, mask), mask) < 1e-4
+    assert masked_max_err(ours, hf_logits(hf, tokens, mask), mask) < 1e-4
 
 
 @pytest.mark.parametrize("layout", ["stacked", "per_layer", "per_layer_fused"])
@@ -82,7 +78,7 @@ def test_cached_decoding_equals_full_forward(checkpoint, layout):
     assert int(cache["index"]) == 8
     np.testing.assert_array_equal(np.asarray(cache["valid"][:, :8]), mask.astype(bool))
     assert not np.asarray(cache["valid"][:, 8:]).any()
-    assert _masked_max_err(np.asarray(cached), np.asarray(full), mask) < 1e-5
+    assert masked_max_err(np.asarray(cached), np.asarray(full), mask) < 1e-5
 
 
 def test_attention_cache_layouts_agree():
@@ -160,12 +156,12 @@ def test_bf16_path_close_to_f32(checkpoint):
     ref = hf_logits(hf, tokens, mask)
     ours = models.load_hf(path, dtype="bfloat16")
     assert ours.params["layers"]["q_proj_dnh"].dtype == jnp.bfloat16
-    ours_err = _masked_max_err(np.asarray(ours.logits(tokens, mask.astype(bool))), ref, mask)
+    ours_err = masked_max_err(np.asarray(ours.logits(tokens, mask.astype(bool))), ref, mask)
     # Tolerance: bf16 keeps 8 mantissa bits (relative rounding 2^-9 per op), so the error is a property of
     # the weights and depth, not a fixed number. The independent yardstick is transformers' own bf16 model
     # on the same weights: ours (f32 norms/softmax/RoPE angles, bf16 matmuls) must be no worse than 2x it.
     hf_bf16 = copy.deepcopy(hf).to(torch.bfloat16)
-    hf_err = _masked_max_err(hf_logits(hf_bf16, tokens, mask), ref, mask)
+    hf_err = masked_max_err(hf_logits(hf_bf16, tokens, mask), ref, mask)
     print(f"bf16 max |logit err|: ours {ours_err:.4f}, transformers bf16 {hf_err:.4f}")
     assert 0 < ours_err <= 2 * hf_err + 1e-3, (ours_err, hf_err)
 
