@@ -159,8 +159,8 @@ def test_agent_replies_state_the_task_type_before_the_model():
 
 def test_rule_examples_teach_type_to_estimator_and_plan_to_code():
     """The rule corpus: every task type and metric of the suite's table, no task's data, plan == code
-    (the estimator, and what `predict` returns for the metric: a binary-probability metric once taught
-    `predict = model.predict` under "submit the probability of class 1", issue #26)."""
+    (the estimator, and what `predict` returns for the metric, stated in the plan: a binary-probability metric
+    once taught `predict = model.predict` under "submit the probability of class 1", issue #26)."""
     from sandbox.suite.metrics import METRICS
 
     rules = micro_world.rule_examples(400, seed=1)
@@ -177,32 +177,36 @@ def test_rule_examples_teach_type_to_estimator_and_plan_to_code():
         assert model_line.startswith("model = ") and f"{estimator}(" in model_line
         assert ("Classifier(" in model_line or "Regression(C" in model_line or "GaussianNB" in model_line
                 or "LinearDiscriminantAnalysis" in model_line) == (category == "classification"), model_line
-        # What `predict` returns follows the metric: one column of P(class 1), a column per class, or predict().
+        # What `predict` returns follows the metric: one column of P(class 1), a column per class, or predict();
+        # the plan line states that expression and the `predict` line repeats it.
         kind = METRICS[metric].kind
-        assert predict_line == {"proba": "predict = lambda X: model.predict_proba(X)[:, list(model.classes_).index(1)]",
-                                "classes": "predict = model.predict_proba"}.get(kind, "predict = model.predict"), \
+        assert predict_line == f"predict = lambda X: {micro_world.SUBMIT[kind]}"
+        assert predict_line == {
+            "proba": "predict = lambda X: pd.DataFrame({TARGETS[0]: model.predict_proba(X)[:, "
+                     "list(model.classes_).index(1)]})",
+            "classes": "predict = lambda X: pd.DataFrame(model.predict_proba(X), columns=[str(c) for c in "
+                       "model.classes_])",
+            "values": "predict = lambda X: pd.DataFrame(np.asarray(model.predict(X)).reshape(len(X), -1), "
+                      "columns=TARGETS)",
+        }.get(kind, "predict = lambda X: pd.DataFrame({TARGETS[0]: model.predict(X)})"), \
             (metric, predict_line)
     assert seen == set(METRICS)
 
 
-def test_full_rule_examples_are_whole_programs_whose_submission_follows_the_metric():
+def test_full_rule_examples_are_whole_programs_with_one_tail_for_every_metric():
     """The agent stage's rule examples (`agent_stage_full_rules`): the head as above, then the whole program in
-    the corpus's form, closed as an agent episode; its submission line is the metric kind's."""
-    from sandbox.suite.metrics import METRICS
-
+    the corpus's form, closed as an agent episode. Every metric's program ends with the same submission lines:
+    what the metric asks for is the `predict` line's alone (a tail per kind once led an agent from a binary
+    log-loss `predict` line into the multi-class tail, issue #26)."""
     heads = micro_world.rule_examples(60, seed=3)
     full = micro_world.rule_examples(60, seed=3, full=True)
-    tails = {"proba": "submission = pd.DataFrame({TARGETS[0]: predict(X_test)})",
-             "classes": "submission = pd.DataFrame(predict(X_test), columns=[str(c) for c in model.classes_])",
-             "label": "submission = pd.DataFrame({TARGETS[0]: predict(X_test)})",
-             "value": "submission = pd.DataFrame({TARGETS[0]: predict(X_test)})",
-             "values": "submission = pd.DataFrame(np.asarray(predict(X_test)).reshape(len(X_test), -1), "
-                       "columns=TARGETS)"}
+    tail = ("submission = predict(X_test)\n"
+            'submission.insert(0, "id", test["id"].to_numpy())\n'
+            'submission.to_csv(os.environ["SUBMISSION_PATH"], index=False)\n```<|im_end|>')
     for (prompt, head, _), (full_prompt, reply, kind) in zip(heads, full):
         assert full_prompt == prompt and kind == "rule" and reply.startswith(head)
-        assert reply.endswith('submission.to_csv(os.environ["SUBMISSION_PATH"], index=False)\n```<|im_end|>')
-        metric = re.search(r"metric: (\w+)\.<\|im_end\|>", prompt).group(1)
-        assert tails[METRICS[metric].kind] in reply.splitlines(), (metric, reply[-300:])
+        assert reply.endswith(tail), reply[-300:]
+        assert reply.count("X_test)") == 1 and reply.count("\npredict = lambda X: pd.DataFrame(") == 1
 
 
 def test_rebuild_reproduces_the_first_steps(tmp_path):

@@ -68,8 +68,8 @@ import numpy as np
 
 from wmrl_jax import agent, world_model
 # The program form lives in its own module (the execution corpus uses it too); re-exported here.
-from wmrl_jax.program_form import (GENERIC_TARGETS, PIPELINE_IMPORTS, SKLEARN_MODULES, normalise_solution,  # noqa: F401
-                                   strip_docstring)
+from wmrl_jax.program_form import (GENERIC_TARGETS, PIPELINE_IMPORTS, PREDICT_LINES, SKLEARN_MODULES,  # noqa: F401
+                                   normalise_solution, strip_docstring)
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -95,7 +95,9 @@ class MicroWorldConfig:
     """
 
     agent: agent.AgentConfig = agent.AgentConfig(
-        max_turns=1, max_new_tokens=448, observation_max_tokens=96, overview_chars=800, inventory_chars=300,
+        # 512 new tokens: the corpus's replies are 401 tokens on average, 450 at most (the plan line states the
+        # `predict` expression), with the previous recipe's tokenizer; its 448 would cut the longest.
+        max_turns=1, max_new_tokens=512, observation_max_tokens=96, overview_chars=800, inventory_chars=300,
         # 0.6: held-out valid rates 31/50/75/25 % (16 samples a task), against 19/31/38/6 % at 1.0.
         temperature=0.6, timeout_s=120.0)
     world_model: world_model.WorldModelConfig = world_model.WorldModelConfig(
@@ -200,7 +202,8 @@ class MicroWorldConfig:
     # The agent stage's rule examples are whole programs (`rule_examples(full=True)`), not heads down to the
     # `predict` line: the train split has no binary log-loss task, and a head-only agent wrote hastie_signal's
     # (log_loss) predict line right, then the multi-class submission line it had only seen under
-    # multi_log_loss (2 of 16 held-out attempts valid; docs/results.md).
+    # multi_log_loss (2 of 16 held-out attempts valid; docs/results.md). Since then every program ends with
+    # the same tail (`program_form.SUBMISSION_TAIL`): the metric is the `predict` line's alone.
     agent_stage_full_rules: bool = True
 
     def __post_init__(self):
@@ -233,12 +236,17 @@ class MicroWorldConfig:
 # --------------------------------------------------------------------------- corpora
 
 # What one submission row holds, per metric kind (sandbox/suite/metrics.py), as the plan line says it.
-SUBMIT = {"label": "labels", "proba": "the probability of class 1", "classes": "a probability per class",
-          "value": "values", "values": "values"}
+# What the plan line says it submits, per metric kind: the expression the program's `predict` line returns
+# (`program_form.PREDICT_LINES`), so that the line copies it from the plan as the model line copies the
+# estimator. In words ("the probability of class 1"), a plan line read right for a binary log-loss task was
+# followed by the multi-class `predict` line of the train split's only log-loss task (issue #26): mapping a
+# phrase to code ten lines below is what this model does worst, copying what it is best at.
+SUBMIT = {kind: line.removeprefix("predict = lambda X: ") for kind, line in PREDICT_LINES.items()}
 
 
 def plan_line(category: str, metric: str, label: str) -> str:
-    """The agent's one-line plan: the task type and submission kind (both read from the prompt), then the model."""
+    """The agent's one-line plan: the task type (read from the prompt), the model, and what it submits (the
+    metric's kind's `predict` expression, which the program's `predict` line repeats)."""
     from sandbox.suite.metrics import METRICS
 
     return f"Plan: {category} task; fit {label}; submit {SUBMIT[METRICS[metric].kind]}."
