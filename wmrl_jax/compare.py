@@ -218,7 +218,7 @@ def run_compare(spec: CompareSpec, base, *, progress: bool = True, log=print) ->
     def open_eval():
         nonlocal lm, pool
         if lm is None:
-            lm = chat.load_chat_model(probe.model_path or micro_world.shipped_path(), dtype=probe.dtype)
+            lm = chat.load_chat_model(model, dtype=probe.dtype)
             pool = make_sandbox_pool(probe)
 
     def base_eval(seed: int) -> tuple[dict, dict | None]:
