@@ -179,6 +179,13 @@ def _read_json(path: pathlib.Path) -> dict | None:
         return None   # a torn file from a killed process: redo that piece
 
 
+def _write_json(path: pathlib.Path, data: dict) -> None:
+    """Atomically: a file a rerun finds is whole (a killed write leaves only `<name>.tmp`)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    tmp.replace(path)
+
+
 def run_finished(spec: CompareSpec, arm: str, seed: int) -> bool:
     summary = _read_json(spec.run_dir(arm, seed) / "summary.json")
     return summary is not None and summary.get("steps") == spec.steps and summary.get("mode") == arm
@@ -250,9 +257,7 @@ def run_compare(spec: CompareSpec, base, *, progress: bool = True, log=print) ->
                         given = {"model": model, "eval_seed": eval_seed(seed), "held_out": held_out_before}
                         if train_before is not None:
                             given["train"] = train_before
-                        tmp = run_dir / (loop.GIVEN_BEFORE + ".tmp")
-                        tmp.write_text(json.dumps(given, default=str) + "\n")
-                        tmp.replace(run_dir / loop.GIVEN_BEFORE)
+                        _write_json(run_dir / loop.GIVEN_BEFORE, given)
                     log(f"training {arm} seed {seed} ({spec.steps} steps) -> {run_dir}")
                     loop.train(run_config(base, spec, arm, seed), progress=progress)
                     trained += 1
@@ -262,9 +267,7 @@ def run_compare(spec: CompareSpec, base, *, progress: bool = True, log=print) ->
                     # The loop evaluated the final policy on the curve, with the seed's sampling seed: reuse it.
                     data = {**after, "policy": str(run_dir / "export"), "arm": arm, "seed": seed,
                             "eval_seed": eval_seed(seed)}
-                    tmp = run_dir / "eval.json.tmp"
-                    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
-                    tmp.replace(run_dir / "eval.json")
+                    _write_json(run_dir / "eval.json", data)
                     (run_dir / "eval.md").write_text(to_markdown(data, f"{arm} seed {seed}, held-out "
                                                                       f"avg@{spec.attempts}"))
                 if not eval_finished(run_dir, spec.attempts):
