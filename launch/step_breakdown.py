@@ -81,9 +81,9 @@ def main(argv):
     import numpy as np
 
     from bench_update import matmul_gflops
-    from wmrl_jax import agent, chat, micro_world
+    from wmrl_jax import agent, chat
     from wmrl_jax.train import loop, plan
-    from wmrl_jax.train.config import agent_config, shares_prompt
+    from wmrl_jax.train.config import agent_config, model_folder, shares_prompt
     from wmrl_jax.train.metrics import read_scalars
     from wmrl_jax.train.run import load_tasks
 
@@ -94,7 +94,7 @@ def main(argv):
     if _STEPS.value < 2:
         raise app.UsageError(f"--steps: {_STEPS.value}, expected >= 2 (the first step compiles and is left out)")
     rate = matmul_gflops()
-    lm = chat.load_chat_model(_CONFIG.value.model_path or micro_world.shipped_path())
+    lm = chat.load_chat_model(model_folder(_CONFIG.value))
     results = {}
     for side in _SIDES.value:
         config = _CONFIG.value.copy_and_resolve_references()

@@ -45,11 +45,11 @@ from typing import Sequence
 
 import numpy as np
 
-from wmrl_jax import chat, micro_world
+from wmrl_jax import chat
 from wmrl_jax.evaluate import evaluate, to_markdown, write_report
 from wmrl_jax.models import load_hf
 from wmrl_jax.train import loop
-from wmrl_jax.train.config import agent_config, validate
+from wmrl_jax.train.config import agent_config, model_folder, validate
 from wmrl_jax.train.metrics import read_scalars
 from wmrl_jax.train.run import MODES, eval_seed, load_tasks, make_sandbox_pool
 
@@ -218,7 +218,7 @@ def run_compare(spec: CompareSpec, base, *, progress: bool = True, log=print) ->
         eval_tasks = [t for t in eval_tasks if t.name in spec.eval_tasks]
     acfg = agent_config(probe)
     train_tasks = load_tasks(probe, probe.train_split) if spec.eval_every and spec.eval_train_tasks else []
-    model = str(probe.model_path or micro_world.shipped_path())
+    model = str(model_folder(probe))
     lm = pool = None
     trained = evaluated = 0
 

@@ -30,9 +30,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 import sandbox
-from wmrl_jax import agent, chat, micro_world
+from wmrl_jax import agent, chat
 from wmrl_jax.chat import ChatModel
 from wmrl_jax.train.checkpoint import Checkpointer
+from wmrl_jax.train.config import model_folder
 from wmrl_jax.train.run import abstract_checkpoint_tree
 
 
@@ -249,7 +250,7 @@ def load_policy(path, *, dtype: str = "float32", prefer: str = "export") -> Poli
             f"checkpoint {path}: neither an HF checkpoint folder (config.json + *.safetensors) nor a training workdir "
             f"(export/ or checkpoints/)")
     config = _workdir_config(path)
-    lm = chat.load_chat_model(config.model_path or micro_world.shipped_path(), dtype=dtype)
+    lm = chat.load_chat_model(model_folder(config), dtype=dtype)
     like = abstract_checkpoint_tree(config, lm.model.params)
     ckpt = Checkpointer(path / "checkpoints", max_to_keep=max(1, int(config.checkpoint.max_to_keep)))
     try:

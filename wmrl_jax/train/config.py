@@ -102,6 +102,11 @@ def _sandbox_backend(config) -> None:
             _fail("sandbox.backend", backend, f"Ray installed ({exc})")
 
 
+def model_folder(config) -> pathlib.Path:
+    """The run's checkpoint folder: `config.model_path`, or the shipped micro-world when it is ''."""
+    return pathlib.Path(config.model_path) if config.model_path else micro_world.shipped_path()
+
+
 def agent_config(config):
     """The `agent.AgentConfig` of a run config (the sandbox timeout is stated in the agent's prompt)."""
     # Every field the run config sets, as for the world model; the timeout is the sandbox's, not the agent's.
@@ -140,8 +145,8 @@ def validate(config, *, device_count: int | None = None) -> None:
         _fail("model_path", "", f"the {config.model_preset} checkpoint folder ('' means the shipped micro-world, "
                                 f"model_preset 'micro')")
     else:
-        if not (micro_world.shipped_path() / "config.json").is_file():
-            _fail("model_path", "", f"a built micro-world at {micro_world.shipped_path()} "
+        if not (model_folder(config) / "config.json").is_file():
+            _fail("model_path", "", f"a built micro-world at {model_folder(config)} "
                                     f"(python launch/build_micro_world.py), or an HF checkpoint folder")
     if config.data_dir:
         if not pathlib.Path(config.data_dir).is_dir():

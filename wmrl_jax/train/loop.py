@@ -54,12 +54,12 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from wmrl_jax import agent, chat, corrections, micro_world, world_model
+from wmrl_jax import agent, chat, corrections, world_model
 from wmrl_jax.evaluate import evaluate
 from wmrl_jax.models import attention, make_mesh, save_hf
 from wmrl_jax.train import multihost, rollout, update
 from wmrl_jax.train.checkpoint import Checkpointer
-from wmrl_jax.train.config import agent_config, resolve_mesh, shares_prompt, validate, world_model_config
+from wmrl_jax.train.config import agent_config, model_folder, resolve_mesh, shares_prompt, validate, world_model_config
 from wmrl_jax.train.metrics import SummaryWriter
 from wmrl_jax.train.report import (RunSummary, held_out_scalars, log_pairs, percent, progress_fields, progress_legend,
                                    rollout_text, step_scalars)
@@ -213,7 +213,7 @@ def start_run(config) -> Run:
     workdir.mkdir(parents=True, exist_ok=True)
     # jax.devices() lists every process's devices: in a multi-process run the mesh spans them all.
     mesh = make_mesh(resolve_mesh(config.mesh, jax.device_count())) if jax.device_count() > 1 else None
-    model_path = config.model_path or micro_world.shipped_path()
+    model_path = model_folder(config)
     lm = chat.load_chat_model(model_path, dtype=config.dtype, mesh=mesh)
     # The paper's world model is the agent's base weights; a checkpoint that ships a world model of its own
     # (the micro-world's `world_model/` folder) brings a second frozen copy.
@@ -321,7 +321,7 @@ def given_before(run: Run) -> dict | None:
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: unreadable ({type(e).__name__}: {e}); expected the untrained policy's "
                          f"evaluation written by wmrl_jax.compare (delete it and the run evaluates itself)") from e
-    want = {"model": str(run.config.model_path or micro_world.shipped_path()), "eval_seed": sampling_seed(run.config),
+    want = {"model": str(model_folder(run.config)), "eval_seed": sampling_seed(run.config),
             "attempts": run.eval_attempts, "held-out tasks": sorted(t.name for t in run.eval_tasks)}
     if train is not None:
         want.update({"train attempts": run.eval_attempts, "train tasks": sorted(t.name for t in run.train_tasks)})

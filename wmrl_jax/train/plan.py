@@ -61,12 +61,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from wmrl_jax import agent, micro_world, sampling, world_model
+from wmrl_jax import agent, sampling, world_model
 from wmrl_jax.models import get_family, make_mesh, qwen35
 from wmrl_jax.models.sharding import tree_shardings
 from wmrl_jax.sampling import bucket_size
 from wmrl_jax.train import rollout, update
-from wmrl_jax.train.config import agent_config, remat_policy, resolve_mesh, shares_prompt, world_model_config
+from wmrl_jax.train.config import agent_config, model_folder, remat_policy, resolve_mesh, shares_prompt, world_model_config
 from wmrl_jax.train.run import batch_width, shared_prompt_widths
 
 GIB = 2**30  # HBM sizes as nvidia-smi counts them: an "80 GB" A100 holds 80 GiB
@@ -243,7 +243,7 @@ def model_of(config):
     if config.model_preset != "micro":
         raise ValueError(f"config.model_preset: {config.model_preset!r}, expected 'micro' or one of "
                          f"{sorted(qwen35.PRESETS)}")
-    folder = pathlib.Path(config.model_path or micro_world.shipped_path())
+    folder = model_folder(config)
     path = folder / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"config.model_path: {folder} has no config.json (an HF checkpoint folder expected)")
