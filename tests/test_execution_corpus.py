@@ -123,7 +123,8 @@ def test_targeted_kinds_are_added_without_changing_the_drawn_plan():
     program = _program("breast_cancer_diagnosis")
     facts, _ = _facts("breast_cancer_diagnosis")
     mutant = mutations.mutate(program, facts, "probability_shape", 0)
-    assert "predict = model.predict_proba\n" in mutant and "pd.DataFrame({TARGETS[0]: predict(X_test)})" in mutant
+    assert "predict = lambda X: pd.DataFrame({TARGETS[0]: model.predict_proba(X)})\n" in mutant
+    assert "submission = predict(X_test)\n" in mutant
 
 
 def test_shipped_labels_are_reused_not_rerun(tmp_path):

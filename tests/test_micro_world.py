@@ -159,8 +159,8 @@ def test_agent_replies_state_the_task_type_before_the_model():
 
 def test_rule_examples_teach_type_to_estimator_and_plan_to_code():
     """The rule corpus: every task type and metric of the suite's table, no task's data, plan == code
-    (the estimator, and what `predict` returns for the metric: a binary-probability metric once taught
-    `predict = model.predict` under "submit the probability of class 1", issue #26)."""
+    (the estimator, and what `predict` returns for the metric, stated in the plan: a binary-probability metric
+    once taught `predict = model.predict` under "submit the probability of class 1", issue #26)."""
     from sandbox.suite.metrics import METRICS
 
     rules = micro_world.rule_examples(400, seed=1)
@@ -177,34 +177,39 @@ def test_rule_examples_teach_type_to_estimator_and_plan_to_code():
         assert model_line.startswith("model = ") and f"{estimator}(" in model_line
         assert ("Classifier(" in model_line or "Regression(C" in model_line or "GaussianNB" in model_line
                 or "LinearDiscriminantAnalysis" in model_line) == (category == "classification"), model_line
-        # What `predict` returns follows the metric: one column of P(class 1), a column per class, or predict().
+        # What `predict` returns follows the metric: one column of P(class 1), a column per class, or predict();
+        # the plan line states that expression and the `predict` line repeats it.
         kind = METRICS[metric].kind
-        assert predict_line == {"proba": "predict = lambda X: model.predict_proba(X)[:, list(model.classes_).index(1)]",
-                                "classes": "predict = model.predict_proba"}.get(kind, "predict = model.predict"), \
+        assert predict_line == f"predict = lambda X: {micro_world.SUBMIT[kind]}"
+        assert predict_line == {
+            "proba": "predict = lambda X: pd.DataFrame({TARGETS[0]: model.predict_proba(X)[:, "
+                     "list(model.classes_).index(1)]})",
+            "classes": "predict = lambda X: pd.DataFrame(model.predict_proba(X), columns=[str(c) for c in "
+                       "model.classes_])",
+            "values": "predict = lambda X: pd.DataFrame(np.asarray(model.predict(X)).reshape(len(X), -1), "
+                      "columns=TARGETS)",
+        }.get(kind, "predict = lambda X: pd.DataFrame({TARGETS[0]: model.predict(X)})"), \
             (metric, predict_line)
     assert seen == set(METRICS)
 
 
-def test_full_rule_examples_are_whole_programs_whose_submission_follows_the_metric():
+def test_full_rule_examples_are_whole_programs_with_one_tail_for_every_metric():
     """The agent stage's rule examples (`agent_stage_full_rules`): the head as above, then the whole program in
-    the corpus's form, closed as an agent episode; its submission line is the metric kind's."""
-    from sandbox.suite.metrics import METRICS
-
+    the corpus's form, closed as an agent episode. Every metric's program ends with the same submission lines:
+    what the metric asks for is the `predict` line's alone (a tail per kind once led an agent from a binary
+    log-loss `predict` line into the multi-class tail, issue #26)."""
     heads = micro_world.rule_examples(60, seed=3)
     full = micro_world.rule_examples(60, seed=3, full=True)
-    tails = {"proba": "submission = pd.DataFrame({TARGETS[0]: predict(X_test)})",
-             "classes": "submission = pd.DataFrame(predict(X_test), columns=[str(c) for c in model.classes_])",
-             "label": "submission = pd.DataFrame({TARGETS[0]: predict(X_test)})",
-             "value": "submission = pd.DataFrame({TARGETS[0]: predict(X_test)})",
-             "values": "submission = pd.DataFrame(np.asarray(predict(X_test)).reshape(len(X_test), -1), "
-                       "columns=TARGETS)"}
+    tail = ("submission = predict(X_test)\n"
+            'submission.insert(0, "id", test["id"].to_numpy())\n'
+            'submission.to_csv(os.environ["SUBMISSION_PATH"], index=False)\n```<|im_end|>')
     for (prompt, head, _), (full_prompt, reply, kind) in zip(heads, full):
         assert full_prompt == prompt and kind == "rule" and reply.startswith(head)
-        assert reply.endswith('submission.to_csv(os.environ["SUBMISSION_PATH"], index=False)\n```<|im_end|>')
-        metric = re.search(r"metric: (\w+)\.<\|im_end\|>", prompt).group(1)
-        assert tails[METRICS[metric].kind] in reply.splitlines(), (metric, reply[-300:])
+        assert reply.endswith(tail), reply[-300:]
+        assert reply.count("X_test)") == 1 and reply.count("\npredict = lambda X: pd.DataFrame(") == 1
 
 
+@pytest.mark.slow   # ~3 min on 2 cores
 def test_rebuild_reproduces_the_first_steps(tmp_path):
     """`python launch/build_micro_world.py` retraces the shipped build: same tokenizer, same first losses --
     here resuming a build interrupted after its first step, which left no checkpoint folder behind."""
@@ -362,6 +367,7 @@ def test_world_model_stage_batches_pad_to_their_own_longest_row():
 
 
 @pytest.mark.parametrize("replay", ["none", "summed", "alternate"])
+@pytest.mark.slow   # 1-2 min a variant
 def test_world_model_stage_resumes_where_it_was_interrupted(replay):
     """An interruption inside the stage, then a rerun from the saved state: the same params as one run
     (with replay, summed into the outcome step's gradient or alternated with it, the replayed batches pick
@@ -431,6 +437,7 @@ def test_world_model_stage_resumes_where_it_was_interrupted(replay):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)   # five small builds: ~8 min on 2 idle cores, 15+ beside other work
 def test_separate_world_model_build_ships_two_folders_and_resumes_in_either_stage(tmp_path, monkeypatch):
     """separate_world_model: the agent in the folder, the world model in its world_model/ folder, each loadable;
     interrupted inside the world-model stage or the agent's stage, a rerun ends with the same weights."""
@@ -574,3 +581,36 @@ def test_bench_micro_world_step_quick_runs_and_agrees(launch_script):
     assert len(results) == 2
     for peer_s, our_s, peer_loss, our_loss in results.values():
         assert peer_s > 0 and our_s > 0 and our_loss == pytest.approx(peer_loss, rel=1e-5)
+
+
+def test_renamed_columns_reach_the_world_models_prompt_and_nothing_else_changes(tmp_path):
+    """The train-split check's renamed probe: new names in the inventory, the target line and the code's string
+    literals; identifiers, `id`, misspelt names and the task text untouched."""
+    task = sandbox.load_task(suite.suite_dir() / "iris_species")
+    renaming = micro_world.column_renaming(task)
+    assert "id" not in renaming and len(set(renaming.values())) == len(renaming)
+    assert renaming["species"].startswith(micro_world.RENAMED_PREFIX)
+    fit = {"fit": "var9", "species": renaming["species"]}   # a column named like a method must not rename it
+    code = 'y = train["species"]\nmodel.fit(X, y)\nX = train.drop(columns=["id", "Species", \'fit\'])\n'
+    assert micro_world.renamed_code(code, fit) == (f'y = train["{renaming["species"]}"]\nmodel.fit(X, y)\n'
+                                                    f'X = train.drop(columns=["id", "Species", \'var9\'])\n')
+
+    view = micro_world.renamed_task(task, renaming, tmp_path / "view")
+    config = micro_world.MicroWorldConfig().world_model
+    before = world_model.messages(task, code, config)[-1]["content"]
+    after = world_model.messages(view, micro_world.renamed_code(code, renaming), config)[-1]["content"]
+    data_before, data_after = (text.split("# Data\n")[1].split("# Solution")[0] for text in (before, after))
+    assert f"[{renaming['species']!r}]" in data_after and "['species']" in data_before
+    for old, new in renaming.items():
+        assert re.search(rf"\b{re.escape(old)}\b", data_after) is None, f"{old} left in the renamed inventory"
+        assert new in data_after
+    assert before.split("# Data\n")[0] == after.split("# Data\n")[0]   # the task text is the task's
+
+
+def test_the_seed_pick_takes_the_weaker_of_the_two_world_model_rankings():
+    # Seed 1 of recipe v3: 0.79 on train programs as they are, 0.45 with the columns renamed (held-out: every
+    # valid program called a runtime error); seed 0: 0.60 and 0.61.
+    checks = {0: {"agent_valid_rate": 1.0, "world_model_spearman": 0.60, "world_model_spearman_renamed": 0.61},
+              1: {"agent_valid_rate": 1.0, "world_model_spearman": 0.79, "world_model_spearman_renamed": 0.45},
+              2: {"agent_valid_rate": 0.9, "world_model_spearman": 0.90, "world_model_spearman_renamed": 0.90}}
+    assert max(checks, key=lambda s: micro_world.pick_key(checks[s])) == 0

@@ -25,6 +25,11 @@ def test_readme_test_command_is_what_ci_runs():
     assert m, ".ci/run must define TEST_CMD"
     assert m.group(1) == test_cmd, f".ci/run runs {m.group(1)!r}, README says {test_cmd!r}"
     assert "pytest" in test_cmd
+    # The README's command leaves out the end-to-end tests marked slow; CI runs them after it.
+    slow = re.search(r'^SLOW_CMD="(.*)"$', ci, re.M)
+    assert "-m 'not slow'" in test_cmd and slow and "-m slow" in slow.group(1), \
+        "the README's command deselects the slow tests, so .ci/run must run them (SLOW_CMD, -m slow)"
+    assert re.search(r'^run_tests "\$TEST_CMD"$', ci, re.M) and re.search(r'^run_tests "\$SLOW_CMD"$', ci, re.M)
 
 
 def test_readme_main_command_names_an_existing_script():

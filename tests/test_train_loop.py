@@ -84,6 +84,7 @@ def test_kill_and_resume_continues_exactly(tmp_path):
     assert straight.counters.real_executions == resumed.counters.real_executions
 
 
+@pytest.mark.slow   # ~1.5 min
 def test_learning_curve_points_and_shared_prompt_batches(tmp_path, monkeypatch):
     """`eval_every`: held-out (and train-task) avg@k after steps 0, 1, 2 in curve.jsonl, the first and last being
     the run's before/after evaluations. On a mesh whose data shards hold whole groups (data 1 x fsdp 2 x tensor

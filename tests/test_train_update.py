@@ -353,6 +353,7 @@ def test_shared_prompt_batches_refuse_what_does_not_fit():
         update.check_batch(update.Batch(**{**batch.__dict__, "prompt_valid": None}), 1)
 
 
+@pytest.mark.slow   # ~1.5 min
 def test_bench_update_quick_runs_and_agrees(launch_script):
     """launch/bench_update.py --quick end to end (not timed: figures come from the script itself): every side's
     first update has the same loss, and shared prompts run fewer token slots through the backbone."""

@@ -114,11 +114,11 @@ def test_predict_gates_without_the_model_and_never_scores_garbage_as_zero(tmp_pa
 def test_prompt_shows_task_inventory_and_numbered_code(task):
     messages = world_model.messages(task, "import os\nx = 1\n", CONFIG)
     user = messages[1]["content"]
-    assert "# Task\n" in user and "# Data\n" in user and "# Solution\n1 | import os\n2 | x = 1" in user
+    assert "# Task\n" in user and "# Data\n" in user and "# Solution\n```python\n1 | import os\n2 | x = 1\n```" in user
     other = dataclasses.replace(CONFIG, listing="comment", inventory="columns", inventory_chars=600)
     commented = world_model.messages(task, "import os\nx = 1\n", other)
     user = commented[1]["content"]
-    assert "# Solution\nimport os  # 1\nx = 1  # 2" in user and "train.csv:" in user and "range [" not in user
+    assert "# Solution\n```python\nimport os  # 1\nx = 1  # 2\n```" in user and "train.csv:" in user and "range [" not in user
     assert "STATUS:" in messages[0]["content"] and "QUALITY:" in messages[0]["content"]
 
 

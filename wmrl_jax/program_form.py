@@ -33,22 +33,30 @@ _FROM_IMPORT = re.compile(r"^from sklearn\.(\w+) import (\w+(?:, \w+)*)$")
 _TARGETS_LINE = re.compile(r"^TARGETS = (\[.*\])$")
 # The suite's prediction blocks (sandbox/suite/solutions.py, one per submission kind) as (lines in the
 # program's tail, the `predict = ...` line that moves up under the model line, what the tail keeps).
+# `predict` returns the whole submission frame, so every program ends with the same lines whatever the metric:
+# what the metric asks for is written once, on the `predict` line near the plan line that states it. (With a
+# tail per kind, a micro-world agent wrote a binary log-loss task's `predict` line right and then the only
+# log-loss tail it had seen, the multi-class one: a column per class for a one-column prediction, issue #26.)
+SUBMISSION_TAIL = "submission = predict(X_test)"
 _PREDICT_FORMS = (
     (("proba = model.predict_proba(X_test)[:, list(model.classes_).index(1)]",
       "submission = pd.DataFrame({TARGETS[0]: proba})"),
-     "predict = lambda X: model.predict_proba(X)[:, list(model.classes_).index(1)]",
-     ("submission = pd.DataFrame({TARGETS[0]: predict(X_test)})",)),
+     "predict = lambda X: pd.DataFrame({TARGETS[0]: model.predict_proba(X)[:, list(model.classes_).index(1)]})",
+     (SUBMISSION_TAIL,)),
     (("proba = model.predict_proba(X_test)",
       "submission = pd.DataFrame(proba, columns=[str(c) for c in model.classes_])"),
-     "predict = model.predict_proba",
-     ("submission = pd.DataFrame(predict(X_test), columns=[str(c) for c in model.classes_])",)),
+     "predict = lambda X: pd.DataFrame(model.predict_proba(X), columns=[str(c) for c in model.classes_])",
+     (SUBMISSION_TAIL,)),
     (("submission = pd.DataFrame({TARGETS[0]: model.predict(X_test)})",),
-     "predict = model.predict",
-     ("submission = pd.DataFrame({TARGETS[0]: predict(X_test)})",)),
+     "predict = lambda X: pd.DataFrame({TARGETS[0]: model.predict(X)})",
+     (SUBMISSION_TAIL,)),
     (("submission = pd.DataFrame(np.asarray(model.predict(X_test)).reshape(len(X_test), -1), columns=TARGETS)",),
-     "predict = model.predict",
-     ("submission = pd.DataFrame(np.asarray(predict(X_test)).reshape(len(X_test), -1), columns=TARGETS)",)),
+     "predict = lambda X: pd.DataFrame(np.asarray(model.predict(X)).reshape(len(X), -1), columns=TARGETS)",
+     (SUBMISSION_TAIL,)),
 )
+# The `predict` line per metric kind (sandbox.suite.metrics: label, proba, classes, value, values).
+PREDICT_LINES = {"proba": _PREDICT_FORMS[0][1], "classes": _PREDICT_FORMS[1][1], "label": _PREDICT_FORMS[2][1],
+                 "value": _PREDICT_FORMS[2][1], "values": _PREDICT_FORMS[3][1]}
 _PANDAS = "import pandas as pd"
 
 def normalise_solution(code: str, targets: Sequence[str] | None = None) -> str:
@@ -103,4 +111,5 @@ def normalise_solution(code: str, targets: Sequence[str] | None = None) -> str:
     return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
 
 
-__all__ = ["GENERIC_TARGETS", "PIPELINE_IMPORTS", "SKLEARN_MODULES", "normalise_solution", "strip_docstring"]
+__all__ = ["GENERIC_TARGETS", "PIPELINE_IMPORTS", "PREDICT_LINES", "SKLEARN_MODULES", "SUBMISSION_TAIL",
+           "normalise_solution", "strip_docstring"]

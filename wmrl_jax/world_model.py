@@ -356,10 +356,14 @@ _INVENTORY = {"agent": data_inventory, "columns": column_inventory}
 
 
 def _case(task, code: str, config: WorldModelConfig) -> str:
-    """The user message both designs ask about: task overview, data inventory, numbered listing (each capped)."""
+    """The user message both designs ask about: task overview, data inventory, numbered listing (each capped).
+
+    The listing is fenced as the agent fences its program: the world model and the agent share a backbone, and
+    an unfenced listing ending the message taught an agent to end its own program as a listing ends (a
+    trailing ``# 28``, then end of turn with the fence still open: no program, issue #26)."""
     return (f"# Task\n{task_overview(task, config.overview_chars)}\n\n"
             f"# Data\n{_INVENTORY[config.inventory](task, config.inventory_chars)}\n\n"
-            f"# Solution\n{cap_text(numbered(code, config.listing), config.code_chars)}")
+            f"# Solution\n```python\n{cap_text(numbered(code, config.listing), config.code_chars)}\n```")
 
 
 def messages(task, code: str, config: WorldModelConfig) -> list[dict]:

@@ -141,35 +141,38 @@ def target_kept_as_feature(code, facts, rng):
     return _replace(code, 'X = train.drop(columns=["id"] + TARGETS)', 'X = train.drop(columns=["id"])')
 
 
-# The program form's predict and submission lines, per metric kind (`wmrl_jax.program_form`).
-_CLASS_1 = "predict = lambda X: model.predict_proba(X)[:, list(model.classes_).index(1)]"
-_ONE_COLUMN = "submission = pd.DataFrame({TARGETS[0]: predict(X_test)})"
-_CLASS_COLUMNS = "submission = pd.DataFrame(predict(X_test), columns=[str(c) for c in model.classes_])"
+# The program form's `predict` lines, per metric kind (`wmrl_jax.program_form`: `predict` returns the whole
+# submission frame, and every program ends `submission = predict(X_test)`).
+_CLASS_1 = ("predict = lambda X: pd.DataFrame({TARGETS[0]: model.predict_proba(X)[:, "
+            "list(model.classes_).index(1)]})")
+_CLASS_COLUMNS = "predict = lambda X: pd.DataFrame(model.predict_proba(X), columns=[str(c) for c in model.classes_])"
+_LABELS = "predict = lambda X: pd.DataFrame({TARGETS[0]: model.predict(X)})"
 
 
 def predict_labels_not_probabilities(code, facts, rng):
     """Submits predicted labels where the metric scores probabilities (no label-metric counterpart)."""
     if facts.metric_kind == "proba":
-        return _replace(code, _CLASS_1, "predict = model.predict")
+        return _replace(code, _CLASS_1, _LABELS)
     if facts.metric_kind == "classes":
-        return _replace(code, "predict = model.predict_proba", "predict = model.predict")
+        return _replace(code, _CLASS_COLUMNS, _CLASS_COLUMNS.replace("predict_proba", "predict"))
     return None
 
 
 def probability_shape(code, facts, rng):
     """Confuses one probability column with one per class: `predict_proba`'s 2-D array into a 1-D column.
 
-    On a label or probability metric the model line keeps `predict_proba` whole
-    (the submission has one column); on a per-class metric the submission is
-    written as one column. Either way a 2-D array meets a 1-D column (a
-    ValueError, as the agent's own held-out samples failed).
+    On a label or probability metric the `predict` line keeps `predict_proba`
+    whole (the submission has one column); on a per-class metric the
+    probabilities are written as one column. Either way a 2-D array meets a
+    1-D column (a ValueError, as the agent's own held-out samples failed).
     """
+    one_column_of_all = "predict = lambda X: pd.DataFrame({TARGETS[0]: model.predict_proba(X)})"
     if facts.metric_kind == "proba":
-        return _replace(code, _CLASS_1, "predict = model.predict_proba")
+        return _replace(code, _CLASS_1, one_column_of_all)
     if facts.metric_kind == "label":
-        return _replace(code, "predict = model.predict\n", "predict = model.predict_proba\n")
+        return _replace(code, _LABELS, one_column_of_all)
     if facts.metric_kind == "classes":
-        return _replace(code, _CLASS_COLUMNS, _ONE_COLUMN)
+        return _replace(code, _CLASS_COLUMNS, one_column_of_all)
     return None
 
 
