@@ -2,7 +2,8 @@
 
     python launch/train.py --config=configs/tiny_cpu.py
 
-Cost: 3 min 32 s on 2 CPU cores (measured alone; held-out avg@4 52.50 % -> 57.25 %):
+Cost: ~4-6 min on 2 CPU cores (356 s with a micro-world build beside it; held-out avg@4 64.75 % -> 61.13 %,
+one of 16 programs after training a runtime error; docs/results.md):
 12 steps of 4 tasks x 4 rollouts with a 4.0M-parameter
 Qwen3.5-style model, 1 group a step run for real in 2 sandboxes, avg@4 on the 4 held-out tasks
 before and after. Every WMRL mechanism runs: real anchors, world-model rewards,
