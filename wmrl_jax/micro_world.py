@@ -1004,7 +1004,7 @@ def renamed_code(code: str, renaming: dict[str, str]) -> str:
     return re.sub(rf"""(["'])({alternatives})\1""", lambda m: f"{m.group(1)}{renaming[m.group(2)]}{m.group(1)}", code)
 
 
-def renamed_task(task, renaming: dict[str, str], folder) -> "object":
+def renamed_task(task, renaming: dict[str, str], folder):
     """A view of `task` whose data columns are renamed, as the world model's prompt reads it (`world_model.messages`).
 
     Writes to `folder` what the prompt reads: `info/` (the inventory with the new names; the description as it
