@@ -680,15 +680,16 @@ def _outcome_stage(config: MicroWorldConfig, model_config, outcomes, params, opt
             return params, opt_state, nlls[-1]
     losses.setdefault("outcome_stage_nll", [])
     stop = steps if stop is None else min(stop, steps)
-    bar = tqdm(itertools.islice(stage_batches(outcomes, batch_size=config.outcome_stage_batch_size, steps=steps,
-                                              pad_id=pad_id, seed=config.seed + 3,
-                                              multiple=config.outcome_pad_multiple), stop),
-               total=stop, desc="world-model stage", disable=not progress, initial=max(0, done - first))
-    for j, batch in enumerate(bar):
-        if first + j < done:
-            if replay is not None:
-                next(replay)   # the replay sequence is deterministic too: skip what was trained on
-            continue
+    stream = itertools.islice(stage_batches(outcomes, batch_size=config.outcome_stage_batch_size, steps=steps,
+                                            pad_id=pad_id, seed=config.seed + 3,
+                                            multiple=config.outcome_pad_multiple), stop)
+    skip = min(max(0, done - first), stop)
+    for _ in range(skip):   # deterministic sequences (the replay's too): skip what was trained on
+        next(stream)
+        if replay is not None:
+            next(replay)
+    bar = tqdm(stream, total=stop, desc="world-model stage", disable=not progress, initial=skip)
+    for j, batch in enumerate(bar, start=skip):
         params, opt_state, loss = step(params, opt_state, *batch)
         losses["outcome_stage_nll"].append(float(loss))
         bar.set_postfix(outcome_nll=f"{losses['outcome_stage_nll'][-1]:.3f}")
@@ -721,11 +722,10 @@ def _agent_stage(config: MicroWorldConfig, model_config, params, opt_state, loss
     step = make_train_step(model_config, optimizer, config.prompt_loss_weight)
     losses.setdefault("agent_stage_reply_nll", [])
     stop = steps if stop is None else min(stop, steps)
-    bar = tqdm(itertools.islice(replay, stop), total=stop, desc="agent stage", disable=not progress,
-               initial=max(0, done - first))
-    for j, (episodes, rules) in enumerate(bar):
-        if first + j < done:
-            continue
+    skip = min(max(0, done - first), stop)
+    bar = tqdm(itertools.islice(replay, skip, stop), total=stop, desc="agent stage", disable=not progress,
+               initial=skip)
+    for j, (episodes, rules) in enumerate(bar, start=skip):
         params, opt_state, nlls = step(params, opt_state, episodes, rules)
         losses["agent_stage_reply_nll"].append(float(nlls[0]))
         bar.set_postfix(reply_nll=f"{losses['agent_stage_reply_nll'][-1]:.3f}")
@@ -815,12 +815,13 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
     if resumed is not None:
         params, opt_state, losses, done, other = resumed
         params, opt_state = jax.device_put((params, opt_state))
-    bar = tqdm(zip(batches(encoded, batch_size=config.batch_size, steps=total, width=width, pad_id=pad_id,
-                           seed=config.seed), rule_batches, outcome_batches), total=total, desc="micro-world",
-               disable=not progress, initial=done)
-    for i, (episode_batch, rule_batch, outcome_batch) in enumerate(bar):
-        if i < done:   # the batch sequence is deterministic: skip what the resumed state already trained on
-            continue
+    # The batch sequence is deterministic: what the resumed state already trained on is drawn and skipped before
+    # the progress bar, which counts on from there (skipped inside the bar, each was counted twice).
+    skip = min(done, total)
+    stream = itertools.islice(zip(batches(encoded, batch_size=config.batch_size, steps=total, width=width,
+                                          pad_id=pad_id, seed=config.seed), rule_batches, outcome_batches), skip, None)
+    bar = tqdm(stream, total=total, desc="micro-world", disable=not progress, initial=skip)
+    for i, (episode_batch, rule_batch, outcome_batch) in enumerate(bar, start=skip):
         params, opt_state, nlls = step(params, opt_state, episode_batch, rule_batch, outcome_batch)
         for key, value in zip(losses, nlls):
             losses[key].append(float(value))
