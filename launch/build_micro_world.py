@@ -123,8 +123,7 @@ def main(argv):
             check = {**micro_world.train_split_check(folder, readout=readout), "readout": readout}
             with open(check_path, "w") as f:    # written once the check is done: an interrupted one is redone
                 json.dump(check, f, indent=1)
-        with open(check_path) as f:
-            checks[seed] = json.load(f)
+        checks[seed] = _read_json(check_path)
         print(f"seed {seed} train-split check: {checks[seed]}")
     best = max(checks, key=lambda s: micro_world.pick_key(checks[s]))
     shutil.rmtree(_OUT.value, ignore_errors=True)
