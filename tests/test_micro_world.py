@@ -614,3 +614,66 @@ def test_the_seed_pick_takes_the_weaker_of_the_two_world_model_rankings():
               1: {"agent_valid_rate": 1.0, "world_model_spearman": 0.79, "world_model_spearman_renamed": 0.45},
               2: {"agent_valid_rate": 0.9, "world_model_spearman": 0.90, "world_model_spearman_renamed": 0.90}}
     assert max(checks, key=lambda s: micro_world.pick_key(checks[s])) == 0
+
+
+def test_made_up_names_rename_the_data_columns_one_to_one_and_keep_misspellings_misspelt():
+    tasks = {p.name: sandbox.load_task(p) for p in suite.list_tasks("train")}
+    for i, (name, task) in enumerate(sorted(tasks.items())):
+        data = set(agent._csv_header(pathlib.Path(task.public_dir) / "train.csv")) | set(
+            agent._csv_header(pathlib.Path(task.public_dir) / "test.csv"))
+        avoid = {"time", "score", "petal_lenght_cm"}
+        renaming = micro_world.made_up_names(task, np.random.default_rng([0, i]), avoid=avoid)
+        assert set(renaming) == data - {"id"}, name                  # the data's columns, nothing else
+        new = list(renaming.values())
+        assert len(set(new)) == len(new) and not set(new) & (data | avoid), name
+        assert renaming == micro_world.made_up_names(task, np.random.default_rng([0, i]), avoid=avoid)
+    # wine_cultivar's submission columns c0, c1, c2 are class values of its target: they stay (renamed, a correct
+    # program's submission would miss them)
+    assert not {"c0", "c1", "c2"} & set(micro_world.column_renaming(tasks["wine_cultivar"]))
+    code = 'X = train.drop(columns=["petal_lenght_cm"])\ny = train["species"]\n'
+    renaming = micro_world.made_up_names(tasks["iris_species"], np.random.default_rng(3),
+                                         avoid=micro_world._literals(code))
+    assert micro_world.renamed_code(code, renaming) == (f'X = train.drop(columns=["petal_lenght_cm"])\n'
+                                                         f'y = train["{renaming["species"]}"]\n')
+
+
+def test_renamed_outcome_copies_keep_the_answer_and_change_only_the_names():
+    plain = micro_world.outcome_examples(CONFIG)
+    copies = micro_world.renamed_outcome_examples(CONFIG, 1, seed=6)
+    assert len(copies) == len(plain)
+    assert [(reply, kind) for _, reply, kind in copies] == [(reply, kind) for _, reply, kind in plain]
+    changed = 0
+    for (before, _, _), (after, _, _) in zip(plain, copies):
+        assert before.split("# Data\n")[0] == after.split("# Data\n")[0]     # the system prompt and the task text
+        changed += before != after
+    assert changed == len(plain)          # every inventory names columns
+    assert [p for p, _, _ in micro_world.renamed_outcome_examples(CONFIG, 1, seed=6)[:50]] == \
+        [p for p, _, _ in copies[:50]]
+
+
+def test_renamed_programs_run_on_renamed_data_as_they_ran_on_the_task():
+    """The premise of the renamed copies' labels, checked by execution: a program and its renamed copy on a
+    renamed copy of the task (every CSV header, the metric's columns) end with the same status and score."""
+    check = micro_world.renaming_invariance(8, seed=1, progress=False)
+    assert check["programs"] == 8 and check["valid_pairs"] >= 1
+    assert (check["same_status"], check["same_reward"]) == (1.0, 1.0), check["different"]
+
+
+@pytest.mark.slow   # two small builds, ~2 min
+def test_renamed_stage_copies_train_the_world_model_and_leave_the_agent_as_it_was(tmp_path):
+    config = micro_world.MicroWorldConfig(
+        vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
+        head_dim=16, epochs=0.01, warmup_steps=1, outcome_batch_size=2, outcome_stage_steps=3,
+        outcome_stage_batch_size=2, agent_stage_steps=2, agent_stage_batch_size=2)
+    from safetensors.numpy import load_file
+
+    plain = micro_world.build(tmp_path / "plain", config, progress=False)
+    renamed = micro_world.build(tmp_path / "renamed", dataclasses.replace(config, outcome_stage_renamed=1),
+                                progress=False)
+    assert renamed["examples"]["outcome_renamed"] == renamed["examples"]["outcome"] == plain["examples"]["outcome"]
+    assert "outcome_renamed" not in plain["examples"]
+    assert renamed["outcome_stage_nll"] != plain["outcome_stage_nll"]
+    weights = {name: load_file(tmp_path / name / "model.safetensors") for name in ("plain", "renamed")}
+    assert all(np.array_equal(weights["plain"][k], weights["renamed"][k]) for k in weights["plain"])   # the agent
+    world = {name: load_file(tmp_path / name / world_model.FOLDER / "model.safetensors") for name in ("plain", "renamed")}
+    assert not all(np.array_equal(world["plain"][k], world["renamed"][k]) for k in world["plain"])

@@ -206,6 +206,15 @@ class MicroWorldConfig:
     # multi_log_loss (2 of 16 held-out attempts valid; docs/results.md). Since then every program ends with
     # the same tail (`program_form.SUBMISSION_TAIL`): the metric is the `predict` line's alone.
     agent_stage_full_rules: bool = True
+    # Renamed copies of each outcome episode in the world-model stage's pool (0: none). A copy asks about the
+    # same program on the same task with every data column renamed -- in the inventory, the target line and
+    # the code's string literals (`renamed_outcome_examples`), with made-up names drawn per task and copy --
+    # and keeps the logged outcome: a consistent renaming does not change what the program does (checked by
+    # running renamed programs on renamed data, `renaming_invariance`). Without them a seed's world model may
+    # recognise a train task by its column names instead of reading the code: recipe v3's seed 1 called every
+    # held-out valid program `runtime_err` (docs/results.md). The stage's steps and batch stay as they are, so
+    # the build's time does not change; the agent's weights do not see the stage and stay the same.
+    outcome_stage_renamed: int = 0
 
     def __post_init__(self):
         if self.separate_world_model and (self.outcome_stage_replay or self.outcome_stage_alternate):
@@ -357,6 +366,25 @@ def corpora(config: MicroWorldConfig, split: str = "train", root=None) -> tuple[
     return agent_eps, wm_eps
 
 
+def _outcome_runs(root=None) -> tuple[dict, list]:
+    """({name: train task}, [(logged entry, program in the agent's form)]) of the outcome stream."""
+    import sandbox
+    from sandbox import suite
+    from wmrl_jax import execution_corpus
+
+    tasks = {p.name: sandbox.load_task(p) for p in suite.list_tasks("train", root)}
+    rows = {row["name"]: row for row in suite.manifest(root)["tasks"]}
+    runs = [(e, normalise_solution(e["code"], rows[e["task"]]["targets"])) for e in suite.execution_log("train", root)]
+    runs += [(e, e["code"]) for e in execution_corpus.load(root=root) if e["task"] in tasks]
+    return tasks, [(entry, code) for entry, code in runs
+                   if world_model.gate(code) is None and entry["status"] in world_model.STATUSES]
+
+
+def _outcome_example(config: MicroWorldConfig, task, code: str, entry: dict) -> tuple[str, str, str]:
+    return (*render(world_model.messages(task, code, config.world_model), world_model_answer(entry)),
+            "outcome" if entry["status"] == "valid" else "outcome_failing")
+
+
 def outcome_examples(config: MicroWorldConfig, root=None) -> list:
     """[(prompt text, reply text, kind)]: the outcome stream, train tasks only.
 
@@ -367,17 +395,32 @@ def outcome_examples(config: MicroWorldConfig, root=None) -> list:
     malformed code and syntax errors, so those are left out. Kind
     "outcome" for programs that ran valid, "outcome_failing" for the rest.
     """
-    import sandbox
-    from sandbox import suite
-    from wmrl_jax import execution_corpus
+    tasks, runs = _outcome_runs(root)
+    return [_outcome_example(config, tasks[entry["task"]], code, entry) for entry, code in runs]
 
-    tasks = {p.name: sandbox.load_task(p) for p in suite.list_tasks("train", root)}
-    rows = {row["name"]: row for row in suite.manifest(root)["tasks"]}
-    runs = [(e, normalise_solution(e["code"], rows[e["task"]]["targets"])) for e in suite.execution_log("train", root)]
-    runs += [(e, e["code"]) for e in execution_corpus.load(root=root) if e["task"] in tasks]
-    return [(*render(world_model.messages(tasks[entry["task"]], code, config.world_model), world_model_answer(entry)),
-             "outcome" if entry["status"] == "valid" else "outcome_failing")
-            for entry, code in runs if world_model.gate(code) is None and entry["status"] in world_model.STATUSES]
+
+def renamed_outcome_examples(config: MicroWorldConfig, copies: int, *, seed: int, root=None) -> list:
+    """`copies` renamed copies of `outcome_examples`, in its order copy by copy (`outcome_stage_renamed`).
+
+    Copy k of a task renames its columns by `made_up_names` drawn from a generator seeded by (`seed`, task
+    index, k): the inventory, the target line and the programs' string literals (`renamed_task`,
+    `renamed_code`) change together, so each program does what it did and keeps its logged outcome."""
+    import tempfile
+
+    tasks, runs = _outcome_runs(root)
+    order = sorted(tasks)
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(copies):
+            views, renamings = {}, {}
+            for i, name in enumerate(order):
+                rng = np.random.default_rng([seed, i, k])
+                literals = set().union(*(_literals(code) for entry, code in runs if entry["task"] == name))
+                renamings[name] = made_up_names(tasks[name], rng, avoid=literals)
+                views[name] = renamed_task(tasks[name], renamings[name], pathlib.Path(tmp) / f"{k}" / name)
+            out += [_outcome_example(config, views[entry["task"]], renamed_code(code, renamings[entry["task"]]), entry)
+                    for entry, code in runs]
+    return out
 
 
 def render(messages: Sequence[dict], reply: str) -> tuple[str, str]:
@@ -794,6 +837,11 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
         outcome_eps = outcome_examples(config, root=root)
         outcomes = outcome_marks(encode_examples(tokenizer, outcome_eps), [kind for *_, kind in outcome_eps])
         tail = answer_tail(outcomes)
+    stage_pool = outcomes   # the world-model stage's episodes: the outcome stream, and its renamed copies
+    if config.outcome_stage_steps and config.outcome_stage_renamed:
+        renamed_eps = renamed_outcome_examples(config, config.outcome_stage_renamed, seed=config.seed + 6, root=root)
+        stage_pool = outcomes + outcome_marks(encode_examples(tokenizer, renamed_eps),
+                                              [kind for *_, kind in renamed_eps])
     if config.outcome_batch_size:
         def padded(batches):
             for batch in batches:
@@ -845,7 +893,7 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
         else:
             agent_params, wm_params = (other if done > total else params), params
             if stage_run:
-                wm_params = _outcome_stage(config, model_config, outcomes, params,
+                wm_params = _outcome_stage(config, model_config, stage_pool, params,
                                            opt_state if done > total else None, losses, first=total, done=done,
                                            pad_id=pad_id, save=functools.partial(save, other=agent_params),
                                            save_every=save_every, progress=progress, stop=stage_run, replay=None)
@@ -859,7 +907,7 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
                                   first=total + stage_steps, done=done, save=functools.partial(save, other=wm_params),
                                   save_every=save_every, progress=progress, stop=agent_run)
     elif stage_run:
-        params = _outcome_stage(config, model_config, outcomes, params, opt_state if done > total else None, losses,
+        params = _outcome_stage(config, model_config, stage_pool, params, opt_state if done > total else None, losses,
                                 first=total, done=done, pad_id=pad_id, save=save, save_every=save_every,
                                 progress=progress, stop=stage_run,
                                 replay=stage_replay(config, encoded, tokenizer, width, pad_id),
@@ -885,6 +933,8 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
     counts["rule"] = len(rules)
     if config.outcome_batch_size or config.outcome_stage_steps:
         counts["outcome"] = len(outcomes)
+        if len(stage_pool) > len(outcomes):
+            counts["outcome_renamed"] = len(stage_pool) - len(outcomes)
     log = {
         "seed": config.seed, "steps": total, "planned_steps": planned, "batch_size": config.batch_size, "width": width,
         "tokenizer_vocab": len(tokenizer), "vocab_size": padded, "rule_batch_size": config.rule_batch_size, "rule_width": rule_width, "examples": counts,
@@ -986,11 +1036,62 @@ def _load_state(folder: pathlib.Path, fingerprint: str):
 RENAMED_PREFIX = "var"   # `renamed_task`'s column names: var0, var1, ... (no task of the suite uses them)
 
 
-def column_renaming(task) -> dict[str, str]:
-    """A one-to-one renaming of the task's data columns (all but `id`) to names no task uses, in inventory order."""
+def _data_columns(task) -> list[str]:
+    """The columns of train.csv and test.csv but `id`, in inventory order: what a renaming renames. A
+    submission column that is not one of them stays (wine_cultivar's c0, c1, c2 are class values of its
+    target, which the data keeps: renamed, a correct program's submission would miss them)."""
+    public = pathlib.Path(task.public_dir)
+    data = set(agent._csv_header(public / "train.csv")) | set(agent._csv_header(public / "test.csv"))
     inventory = json.loads((pathlib.Path(task.root) / "info" / "inventory.json").read_text())
-    names = list(dict.fromkeys(c["name"] for info in inventory.values() for c in info["columns"] if c["name"] != "id"))
-    return {name: f"{RENAMED_PREFIX}{k}" for k, name in enumerate(names)}
+    return list(dict.fromkeys(c["name"] for info in inventory.values() for c in info["columns"]
+                              if c["name"] != "id" and c["name"] in data))
+
+
+def column_renaming(task) -> dict[str, str]:
+    """A one-to-one renaming of the task's data columns (`_data_columns`) to names no task uses, in order."""
+    return {name: f"{RENAMED_PREFIX}{k}" for k, name in enumerate(_data_columns(task))}
+
+
+# `made_up_names`' vocabulary: everyday words of tabular data, none a column of a task of the suite.
+_NAME_WORDS = ("score", "level", "rate", "count", "index", "value", "ratio", "total", "mean", "weight", "size",
+               "age", "income", "price", "depth", "width", "length", "signal", "flag", "group", "class", "zone",
+               "cost", "load", "speed", "time", "gain", "loss", "band", "grade", "stock", "temp", "area", "dose",
+               "yield", "share", "visits", "sales", "hours", "days", "spend", "pulse", "mass", "volume", "region",
+               "status", "type", "stage", "year", "month", "code", "unit", "rank", "tier", "risk", "ph", "co2")
+
+
+def made_up_names(task, rng: np.random.Generator, avoid=()) -> dict[str, str]:
+    """A one-to-one renaming of the task's data columns (`_data_columns`) to made-up names, in inventory order.
+
+    One style per task, as real tables have: a prefix and a running index (``x3``, ``feat_03``), or words
+    joined by an underscore, lower case, upper case or capitalised. None equals an old name, `id` or a name
+    in `avoid` (the string literals of the task's programs: a misspelt column must stay misspelt)."""
+    old = _data_columns(task)
+    taken = set(old) | {"id"} | set(avoid)
+    style = rng.integers(4)
+    prefix = "".join(rng.choice(list("abcdefghklmnprstuvwxz"), size=rng.integers(1, 4)))
+    sep, width = ("_" if rng.random() < 0.5 else ""), int(rng.integers(1, 4))
+    out = {}
+    for k, name in enumerate(old):
+        for attempt in itertools.count():
+            if style == 0 and k > 0 and attempt == 0:      # the target keeps a word name; features are indexed
+                new = f"{prefix}{sep}{k - 1:0{width}d}"
+            else:
+                words = rng.choice(_NAME_WORDS, size=rng.integers(1, 3), replace=False)
+                new = {0: "_".join, 1: "_".join, 2: lambda w: "_".join(w).upper(),
+                       3: lambda w: "".join(x.capitalize() for x in w)}[int(style)](words)
+                if attempt > 2:
+                    new += str(attempt)
+            if new not in taken:
+                break
+        taken.add(new)
+        out[name] = new
+    return out
+
+
+def _literals(code: str) -> set[str]:
+    """The string literals of `code` (quoted text, no escapes)."""
+    return {m.group(2) for m in re.finditer(r"""(["'])([^"'\\\n]*)\1""", code)}
 
 
 def renamed_code(code: str, renaming: dict[str, str]) -> str:
@@ -1031,6 +1132,70 @@ def renamed_task(task, renaming: dict[str, str], folder):
         header = agent._csv_header(pathlib.Path(task.public_dir) / name)
         (public / name).write_text(",".join(renaming.get(c, c) for c in header) + "\n")
     return dataclasses.replace(task, root=folder, public_dir=public)
+
+
+def renamed_task_copy(task, renaming: dict[str, str], folder):
+    """An executable copy of `task` in `folder` with its data columns renamed: every CSV header of its data
+    (public and private), the inventory and the metric's column literals. What `renaming_invariance` runs on."""
+    import csv
+    import io
+
+    import sandbox
+
+    folder = pathlib.Path(folder)
+    shutil.copytree(task.root, folder)
+    for path in sorted((folder / "data").rglob("*.csv")):
+        text = path.read_text(encoding="utf-8")
+        head, sep, body = text.partition("\n")
+        header = next(csv.reader([head]))
+        if any(c in renaming for c in header):
+            line = io.StringIO()
+            csv.writer(line, lineterminator="").writerow([renaming.get(c, c) for c in header])
+            path.write_text(line.getvalue() + sep + body, encoding="utf-8")
+    inventory = json.loads((folder / "info" / "inventory.json").read_text())
+    for info in inventory.values():
+        for c in info["columns"]:
+            c["name"] = renaming.get(c["name"], c["name"])
+    (folder / "info" / "inventory.json").write_text(json.dumps(inventory))
+    for metric in (folder / "utils").glob("*.py"):
+        metric.write_text(renamed_code(metric.read_text(), renaming))
+    return sandbox.load_task(folder)
+
+
+def renaming_invariance(sample: int, *, seed: int = 0, workers: int = 2, root=None, progress: bool = True) -> dict:
+    """Runs `sample` programs of the outcome stream (seeded, every train task) as they are on their task and
+    renamed (`made_up_names`, `renamed_code`) on a renamed copy of it (`renamed_task_copy`), in the sandbox:
+    how often the two runs end alike -- the premise of `outcome_stage_renamed`'s labels.
+
+    Returns {"programs", "same_status", "same_reward" (valid runs: equal score within 1e-9), "different":
+    [(task, status as is, status renamed)]}."""
+    import tempfile
+
+    from tqdm.auto import tqdm
+
+    import sandbox
+
+    tasks, runs = _outcome_runs(root)
+    rng = np.random.default_rng(seed)
+    picked = [runs[i] for i in sorted(rng.choice(len(runs), size=min(sample, len(runs)), replace=False))]
+    with tempfile.TemporaryDirectory() as tmp:
+        copies, renamings = {}, {}
+        for i, name in enumerate(sorted({entry["task"] for entry, _ in picked})):
+            literals = set().union(*(_literals(code) for entry, code in runs if entry["task"] == name))
+            renamings[name] = made_up_names(tasks[name], np.random.default_rng([seed, i]), avoid=literals)
+            copies[name] = renamed_task_copy(tasks[name], renamings[name], pathlib.Path(tmp) / name)
+        pairs = [(tasks[e["task"]], code) for e, code in picked]
+        pairs += [(copies[e["task"]], renamed_code(code, renamings[e["task"]])) for e, code in picked]
+        with sandbox.SandboxPool(workers=workers, cache=False) as pool:
+            futures = [pool.submit(t, c) for t, c in pairs]
+            results = [f.result() for f in tqdm(futures, desc="renaming invariance", disable=not progress)]
+    n = len(picked)
+    before, after = results[:n], results[n:]
+    different = [(e["task"], a.status, b.status) for (e, _), a, b in zip(picked, before, after) if a.status != b.status]
+    valid = [(a, b) for a, b in zip(before, after) if a.status == b.status == "valid"]
+    return {"programs": n, "same_status": (n - len(different)) / n,
+            "same_reward": float(np.mean([abs(a.raw_score - b.raw_score) <= 1e-9 for a, b in valid])) if valid else float("nan"),
+            "valid_pairs": len(valid), "different": different}
 
 
 def train_split_check(path, *, per_task: int = 8, seed: int = 0, workers: int = 2, readout: str | None = None) -> dict:
