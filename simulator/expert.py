@@ -1,0 +1,443 @@
+"""A scripted expert for LIBERO tasks from privileged simulator state (issue #30), no JAX import.
+
+The benchmark ships no demonstrations, so the VLA's supervised start needs a
+generator. This one reads what a policy never sees: the task's parsed BDDL
+goal (`env.env.parsed_problem["goal_state"]`), object poses and collision
+geometry from MuJoCo, and the goal predicates themselves. It drives the
+robot through the benchmark's own OSC_POSE controller with the 7-d actions a
+policy emits (delta position, delta rotation, gripper), so a recorded
+sequence replays through `SimPool` as a policy's would.
+
+* `plan(goal)`: the goal's predicates -> an ordered list of `Skill`s
+  ("pick_place" for In / On, "open", "close", "turn_on"); pure, no simulator.
+* `Expert(env).run(init_state)`: resets like `SimPool`'s worker (initial
+  state, then the settle steps), executes the plan and returns an
+  `ExpertResult` (success, actions as float32 [T, 7], where it failed).
+
+Grasps come from the object's collision geoms in its own body frame: an
+object narrow enough for the open gripper (7.5 cm) is taken across its
+narrower horizontal side, low enough for flat boxes; a wider one (mugs,
+bowls) by its wall, on the side away from the handle, fingers closing
+radially. Placing carries the object (not the hand) over the target and
+lowers it until it stops (it rests) before opening.
+
+Deterministic given (task, initial state): the env is seeded as the worker
+seeds it, every action is cast to float32 before it is stepped (as the pool
+sends actions), and no decision reads a clock or a random number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+# The settle steps the standard evaluation runs after setting an initial state (as simulator/_worker.py).
+SETTLE_STEPS = 10
+SETTLE_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], np.float64)
+OPEN, CLOSE = -1.0, 1.0
+GAIN_POS = 12.0        # action per metre of error: the cap (1.0, ~1.1 cm per step) from ~8 cm away
+GAIN_ROT = 2.0         # action per radian of orientation error (1.0 asks for 0.5 rad)
+MAX_OPENING = 0.075    # m: widest part the open Panda fingers (8 cm) close on with some margin
+FULL_OPENING = 0.08     # m: between the open fingers
+# One policy step of "close" moves the fingers 1 cm closer together (robosuite's Panda gripper: 0.01 of its
+# [-1, 1] command per 500 Hz substep, 25 substeps per step); action 0 holds them where they are.
+CLOSE_PER_STEP = 0.01
+PRESHAPE_MARGIN = 0.015 # m: fingers opened this much wider than what they take (neighbours stay untouched)
+FINGER_BELOW_EEF = 0.015   # m: the fingertips reach this far below the grip site (robot0_eef_pos)
+# Leaning the hand: none up to TILT_FROM metres (horizontal) from the shoulder, MAX_TILT_DEG from
+# TILT_FROM + TILT_RAMP on (the Panda's elbow straightens at ~0.6 m for objects on the table).
+MAX_TILT_DEG, TILT_FROM, TILT_RAMP = 40.0, 0.5, 0.15
+CLEARANCE = 0.05       # m: the carried object's bottom clears obstacles on its path by this much
+UNARY = ("open", "close", "turnon", "turnoff")
+
+
+@dataclasses.dataclass(frozen=True)
+class Skill:
+    """One step of a plan. kind: "pick_place" (obj into / onto target, relation "in" or "on"), "open",
+    "close", "turn_on" (obj: the region or fixture acted on; target and relation empty)."""
+
+    kind: str
+    obj: str
+    target: str = ""
+    relation: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind}({self.obj}{', ' + self.relation + ' ' + self.target if self.target else ''})"
+
+
+@dataclasses.dataclass
+class ExpertResult:
+    """success: the task's goal held; steps: policy steps (settle steps not counted); actions: float32
+    [steps, 7] as stepped; failed_at: the skill and phase that ran out of steps or could not start ("" on
+    success); log: one line per finished phase."""
+
+    success: bool
+    steps: int
+    actions: np.ndarray
+    failed_at: str = ""
+    log: list = dataclasses.field(default_factory=list)
+
+
+def plan(goal) -> list[Skill]:
+    """The goal's predicates (lists such as ["in", "akita_black_bowl_1", "white_cabinet_1_bottom_region"],
+    any case) -> skills in execution order.
+
+    Order: a container that must end closed and receive an object is opened first and closed last; a
+    fixture to turn on is turned on first (before a pot placed on the stove can block its knob); objects
+    are placed in the goal's order.
+    """
+    goal = [tuple(str(a) for a in g) for g in goal]
+    places, closes, opens, turn_ons = [], [], [], []
+    for g in goal:
+        pred = g[0].lower()
+        if pred in ("in", "on") and len(g) == 3:
+            places.append(Skill("pick_place", g[1], g[2], pred))
+        elif pred == "close" and len(g) == 2:
+            closes.append(g[1])
+        elif pred == "open" and len(g) == 2:
+            opens.append(Skill("open", g[1]))
+        elif pred == "turnon" and len(g) == 2:
+            turn_ons.append(Skill("turn_on", g[1]))
+        else:
+            raise ValueError(f"goal predicate {g!r}: the expert handles In, On (binary) and Open, Close, "
+                             f"TurnOn (unary)")
+    # A closed goal container that receives an object: open it, fill it, close it. "microwave_1" receives
+    # objects through its "microwave_1_heating_region"; "white_cabinet_1_bottom_region" is itself the target.
+    filled = [c for c in closes if any(p.target == c or p.target.startswith(c + "_") for p in places)]
+    return ([Skill("open", c) for c in filled] + opens + turn_ons + places
+            + [Skill("close", c) for c in closes])
+
+
+def quat_to_matrix(q) -> np.ndarray:
+    """Quaternion (x, y, z, w), robosuite's order -> 3x3 rotation matrix."""
+    x, y, z, w = np.asarray(q, np.float64) / np.linalg.norm(q)
+    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+                     [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+                     [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)]])
+
+
+def rotvec(m: np.ndarray) -> np.ndarray:
+    """Rotation matrix -> axis * angle (rad)."""
+    angle = np.arccos(np.clip((np.trace(m) - 1) / 2, -1.0, 1.0))
+    if angle < 1e-6:
+        return np.zeros(3)
+    axis = np.array([m[2, 1] - m[1, 2], m[0, 2] - m[2, 0], m[1, 0] - m[0, 1]]) / (2 * np.sin(angle))
+    return axis * angle
+
+
+def axis_angle(axis, angle: float) -> np.ndarray:
+    """Rotation matrix about a unit axis (Rodrigues)."""
+    x, y, z = np.asarray(axis, np.float64) / np.linalg.norm(axis)
+    k = np.array([[0, -z, y], [z, 0, -x], [-y, x, 0]])
+    return np.eye(3) + np.sin(angle) * k + (1 - np.cos(angle)) * k @ k
+
+
+# ---------------------------------------------------------------------------------------- scene geometry
+class Scene:
+    """Privileged read-only views of a LIBERO env (`ControlEnv` or `OffScreenRenderEnv`): object poses,
+    collision boxes, regions, goal predicates. Positions are world frame, metres."""
+
+    def __init__(self, env):
+        self.env = env
+        self.inner = env.env
+        # body -> the body ids of its subtree, for every object and fixture
+        parents = self.model.body_parentid
+        self._subtree = {}
+        for name, root in self.inner.obj_body_id.items():
+            ids = []
+            for b in range(self.model.nbody):
+                p = b
+                while p > 0 and p != root:
+                    p = parents[p]
+                if p == root:
+                    ids.append(b)
+            self._subtree[name] = set(ids)
+        self._geoms = {name: [g for g in range(self.model.ngeom)
+                              if self.model.geom_bodyid[g] in ids
+                              and (self.model.geom_contype[g] or self.model.geom_conaffinity[g])]
+                       for name, ids in self._subtree.items()}
+
+    # robosuite rebuilds the MjSim on a hard reset: read it anew every time (ids stay: same model)
+    @property
+    def sim(self):
+        return self.inner.sim
+
+    @property
+    def model(self):
+        return self.inner.sim.model._model
+
+    @property
+    def data(self):
+        return self.inner.sim.data._data
+
+    @property
+    def goal(self) -> list:
+        return self.inner.parsed_problem["goal_state"]
+
+    def holds(self, predicate) -> bool:
+        """One goal predicate (as in `goal`), evaluated by the benchmark itself."""
+        return bool(self.inner._eval_predicate(predicate))
+
+    def pos(self, name: str) -> np.ndarray:
+        """Body origin of an object or fixture, or a region's site position."""
+        if name in self.inner.obj_body_id:
+            return self.data.xpos[self.inner.obj_body_id[name]].copy()
+        return self.sim.data.get_site_xpos(name).copy()
+
+    def rot(self, name: str) -> np.ndarray:
+        return self.data.xmat[self.inner.obj_body_id[name]].reshape(3, 3).copy()
+
+    def boxes(self, name: str, frame: str = "world") -> tuple[np.ndarray, np.ndarray]:
+        """Collision geoms of an object's subtree as axis-aligned boxes: (centres [G, 3], half sizes [G, 3]),
+        in the world frame or the object's body frame ("body")."""
+        r_b, p_b = (self.rot(name), self.pos(name)) if frame == "body" else (np.eye(3), np.zeros(3))
+        centres, halves = [], []
+        for g in self._geoms[name]:
+            r_g = self.data.geom_xmat[g].reshape(3, 3)
+            aabb = self.model.geom_aabb[g]   # centre and half sizes in the geom's frame
+            centres.append(r_b.T @ (self.data.geom_xpos[g] + r_g @ aabb[:3] - p_b))
+            halves.append(np.abs(r_b.T @ r_g) @ aabb[3:])
+        return np.array(centres).reshape(-1, 3), np.array(halves).reshape(-1, 3)
+
+    def extent(self, name: str, frame: str = "world") -> tuple[np.ndarray, np.ndarray]:
+        """(lo [3], hi [3]) of an object's collision geoms."""
+        c, h = self.boxes(name, frame)
+        return (c - h).min(0), (c + h).max(0)
+
+    def objects(self) -> list[str]:
+        return list(self.inner.objects_dict) + list(self.inner.fixtures_dict)
+
+    def finger_axis(self) -> np.ndarray:
+        """World direction (unit, horizontal) from one fingertip to the other."""
+        d = (self.sim.data.get_body_xpos("gripper0_finger_joint1_tip")
+             - self.sim.data.get_body_xpos("gripper0_finger_joint2_tip"))
+        d[2] = 0.0
+        return d / np.linalg.norm(d)
+
+
+@dataclasses.dataclass
+class Grasp:
+    """Where the grip site goes to take an object: offset from the object's origin (world frame, at the
+    time it is chosen), yaw of the finger axis (world, rad), the width the fingers close on (m) and a
+    description for logs."""
+
+    offset: np.ndarray
+    finger_yaw: float
+    width: float
+    kind: str
+
+
+def choose_grasp(scene: Scene, name: str) -> Grasp:
+    """A top-down grasp from the object's collision geometry (see the module docstring)."""
+    r_b, p_b = scene.rot(name), scene.pos(name)
+    c, h = scene.boxes(name, "body")
+    lo, hi = (c - h).min(0), (c + h).max(0)
+    lo_w, hi_w = scene.extent(name)
+    size = hi - lo
+    narrow = int(np.argmin(size[:2]))
+    if size[narrow] <= MAX_OPENING:   # across the narrower side, at the middle of the footprint
+        point = r_b @ ((lo + hi) / 2)
+        height = hi_w[2] - lo_w[2]
+        z = max(lo_w[2] + FINGER_BELOW_EEF + min(0.01, height / 3), hi_w[2] - 0.035)
+        axis = r_b[:, narrow]
+        width = size[narrow]
+        kind = f"across {size[narrow] * 100:.1f} cm"
+    else:   # by the wall: the footprint's longer axis runs through the handle, if there is one
+        long_ax = int(np.argmax(size[:2]))
+        bottom = c[:, 2] - h[:, 2] < lo[2] + 0.005
+        centre = c[bottom].mean(0) if bottom.any() else (lo + hi) / 2   # the base: the cup without its handle
+        reach_hi, reach_lo = hi[long_ax] - centre[long_ax], centre[long_ax] - lo[long_ax]
+        side = -1.0 if reach_hi > reach_lo + 0.01 else 1.0   # away from the handle (the longer reach)
+        if abs(reach_hi - reach_lo) <= 0.01:   # symmetric (a bowl): the wall nearer the robot's base (-x)
+            side = -1.0 if (r_b[:, long_ax] @ np.array([-1.0, 0, 0])) > 0 else 1.0
+        # the outermost wall geom on that side (tall: a wall, not the base), its centre between the fingers
+        tall = (h[:, 2] * 2 > 0.5 * size[2])
+        reach = side * (c[:, long_ax] + side * h[:, long_ax])
+        k = int(np.argmax(np.where(tall, reach, -np.inf)))
+        point = r_b @ np.r_[c[k, :2], 0.0]
+        z = hi_w[2] - 0.03
+        axis = r_b[:, long_ax]
+        width = 2 * h[k, long_ax]
+        kind = f"wall, {'handle opposite' if abs(reach_hi - reach_lo) > 0.01 else 'symmetric'}"
+    offset = np.array([point[0], point[1], z - p_b[2]])
+    return Grasp(offset=offset, finger_yaw=float(np.arctan2(axis[1], axis[0])), width=float(width),
+                 kind=kind)
+
+
+# ---------------------------------------------------------------------------------------- execution
+class _Stop(Exception):
+    """The episode ends here: the task succeeded, or the step budget ran out."""
+
+
+class Expert:
+    """Runs `plan(goal)` in one env. `env`: a LIBERO env built with ignore_done=True (`ControlEnv` without
+    cameras for the search, any env for checks); max_steps: the policy-step budget (LIBERO-Long: 520)."""
+
+    def __init__(self, env, max_steps: int = 520):
+        self.env, self.max_steps = env, max_steps
+        self.scene = Scene(env)
+
+    # -------------------------------------------------------------- episode
+    def run(self, init_state) -> ExpertResult:
+        self.env.reset()
+        self.obs = self.env.set_init_state(np.asarray(init_state))
+        for _ in range(SETTLE_STEPS):
+            self.obs, _, _, _ = self.env.step(SETTLE_ACTION)
+        self.actions, self.log, self.phase = [], [], "start"
+        self.r_down = quat_to_matrix(self.obs["robot0_eef_quat"])   # the initial, pointing-down hand
+        self.yaw0 = float(np.arctan2(*self.scene.finger_axis()[1::-1]))
+        self.shoulder = self.scene.sim.data.get_body_xpos("robot0_link2").copy()
+        self.r_goal = self.r_down   # the hand orientation every action servos to
+        skills = plan(self.scene.goal)
+        try:
+            for skill in skills:
+                self.phase = str(skill)
+                getattr(self, "_" + skill.kind)(skill)
+            self._idle()
+        except _Stop:
+            pass
+        success = bool(self.env.check_success())
+        return ExpertResult(success=success, steps=len(self.actions),
+                            actions=np.asarray(self.actions, np.float32).reshape(-1, 7),
+                            failed_at="" if success else self.phase, log=self.log)
+
+    def _step(self, action) -> None:
+        a = np.asarray(action, np.float32)   # as SimPool sends it: the replay steps the same float64 values
+        self.obs, _, _, _ = self.env.step(a.astype(np.float64))
+        self.actions.append(a)
+        if self.env.check_success() or len(self.actions) >= self.max_steps:
+            if len(self.actions) >= self.max_steps:
+                self.phase += " (step budget)"
+            raise _Stop
+
+    def _idle(self) -> None:
+        """Nothing left to do but the goal does not hold yet: wait, hand open, until the budget ends."""
+        self.phase += " -> every skill done, goal not met"
+        while True:
+            self._step([0, 0, 0, 0, 0, 0, OPEN])
+
+    # -------------------------------------------------------------- motion primitives
+    @property
+    def eef(self) -> np.ndarray:
+        return np.asarray(self.obs["robot0_eef_pos"], np.float64)
+
+    def _action(self, target, gripper: float) -> np.ndarray:
+        a = np.zeros(7)
+        a[:3] = np.clip(GAIN_POS * (np.asarray(target) - self.eef), -1, 1)
+        a[3:6] = np.clip(GAIN_ROT * rotvec(self.r_goal @ quat_to_matrix(self.obs["robot0_eef_quat"]).T), -1, 1)
+        a[6] = gripper
+        return a
+
+    def _move(self, name: str, target_fn, gripper: float, tol: float, budget: int) -> bool:
+        """Servo the grip site to target_fn() (re-read each step) until within tol metres; False if the
+        phase's budget ran out first."""
+        for _ in range(budget):
+            target = target_fn()
+            if np.linalg.norm(target - self.eef) < tol:
+                self.log.append(f"{self.phase}: {name} ({len(self.actions)})")
+                return True
+            self._step(self._action(target, gripper))
+        self.log.append(f"{self.phase}: {name} budget ({len(self.actions)})")
+        return False
+
+    def _hold(self, gripper: float, steps: int) -> None:
+        target = self.eef.copy()
+        for _ in range(steps):
+            self._step(self._action(target, gripper))
+
+    def _orient(self, finger_yaw: float, point) -> None:
+        """Hand pointing down, yawed so the fingers close along world direction finger_yaw (the smaller
+        turn from the start, either way round), and leaned forward about that direction when `point` is
+        far from the shoulder: the stretched arm then reaches low objects it could not reach upright."""
+        yaw = (finger_yaw - self.yaw0 + np.pi / 2) % np.pi - np.pi / 2
+        r = axis_angle([0, 0, 1], yaw) @ self.r_down
+        reach = np.linalg.norm(np.asarray(point)[:2] - self.shoulder[:2])
+        tilt = np.deg2rad(MAX_TILT_DEG) * np.clip((reach - TILT_FROM) / TILT_RAMP, 0.0, 1.0)
+        if tilt > 0:
+            u = np.array([np.cos(finger_yaw), np.sin(finger_yaw), 0.0])
+            out = np.r_[np.asarray(point)[:2] - self.shoulder[:2], 0.0]
+            # the sign that swings the fingertips (the hand frame's z axis) away from the shoulder
+            approach = r[:, 2]
+            sign = 1.0 if (axis_angle(u, tilt) @ approach) @ out > (axis_angle(u, -tilt) @ approach) @ out else -1.0
+            r = axis_angle(u, sign * tilt) @ r
+        self.r_goal = r
+
+    def _lower_until_rest(self, gripper: float, speed: float = 0.5, budget: int = 80) -> None:
+        """Move straight down at `speed` (action units, ~0.5 cm per step at 0.5) until the hand stops
+        descending: what it holds, or its fingers, rest on something."""
+        still, xy = 0, self.eef[:2].copy()
+        for _ in range(budget):
+            z = self.eef[2]
+            a = self._action(np.r_[xy, z], gripper)
+            a[2] = -speed
+            self._step(a)
+            still = still + 1 if z - self.eef[2] < 0.001 else 0
+            if still >= 2:
+                break
+        self.log.append(f"{self.phase}: rested ({len(self.actions)})")
+
+    # -------------------------------------------------------------- skills
+    def _carry_height(self, start_xy, end_xy, held: str | None, skip=()) -> float:
+        """Grip-site z at which the held object (or the bare fingers) clears everything near the straight
+        path from start_xy to end_xy."""
+        s = self.scene
+        drop = 0.0
+        if held is not None:   # how far the held object hangs below the grip site
+            drop = self.eef[2] - s.extent(held)[0][2]
+        else:
+            drop = FINGER_BELOW_EEF
+        top = -np.inf
+        seg = np.asarray(end_xy) - np.asarray(start_xy)
+        for name in s.objects():
+            if name == held or name in skip:
+                continue
+            lo, hi = s.extent(name)
+            if hi[2] - lo[2] > 0.5:   # the table, a wall: not an obstacle to go over
+                continue
+            centre = (lo[:2] + hi[:2]) / 2
+            t = np.clip((centre - start_xy) @ seg / max(seg @ seg, 1e-9), 0, 1)
+            radius = np.linalg.norm(hi[:2] - lo[:2]) / 2
+            if np.linalg.norm(start_xy + t * seg - centre) < radius + 0.08:
+                top = max(top, hi[2])
+        table = min(s.extent(n)[0][2] for n in s.objects())
+        return max(top, table + 0.12) + CLEARANCE + drop
+
+    def _pick_place(self, skill: Skill) -> None:
+        s, obj = self.scene, skill.obj
+        grasp = choose_grasp(s, obj)
+        self.log.append(f"{self.phase}: grasp {grasp.kind}")
+        goal = [skill.relation, obj, skill.target]
+        grasp_at = lambda: s.pos(obj) + grasp.offset   # noqa: E731
+        self._orient(grasp.finger_yaw, grasp_at())
+        hover = self._carry_height(self.eef[:2], grasp_at()[:2], None, skip=(obj,))
+        hover = max(hover, grasp_at()[2] + 0.08)
+        self._move("up", lambda: np.r_[self.eef[:2], hover], OPEN, 0.02, 60)
+        # pre-shape: close the open fingers to the object's width plus a margin, then hold them (action 0)
+        preshape = int(round((FULL_OPENING - grasp.width - PRESHAPE_MARGIN) / CLOSE_PER_STEP))
+        if preshape > 0:
+            self._move("preshape", lambda: np.r_[grasp_at()[:2], hover], CLOSE, 0.0, preshape)
+        hand = 0.0 if preshape > 0 else OPEN
+        self._move("above", lambda: np.r_[grasp_at()[:2], hover], hand, 0.01, 100)
+        self._move("down", grasp_at, hand, 0.006, 80)
+        self._hold(CLOSE, 15)
+        # lift straight up, then carry the object's origin over the target
+        target = s.pos(skill.target)
+        carry = self._carry_height(self.eef[:2], target[:2], obj, skip=(skill.target,))
+        self._move("lift", lambda: np.r_[self.eef[:2], carry], CLOSE, 0.02, 80)
+        held = s.pos(obj)[2] - s.extent(obj)[0][2]
+        self.log.append(f"{self.phase}: lifted to object z {s.pos(obj)[2]:.3f}")
+        over = lambda: np.r_[s.pos(skill.target)[:2] + (self.eef - s.pos(obj))[:2], carry]   # noqa: E731
+        self._move("carry", over, CLOSE, 0.01, 140)
+        del held
+        self._lower_until_rest(CLOSE)
+        self._hold(OPEN, 12)
+        self._move("retreat", lambda: np.r_[self.eef[:2], carry], OPEN, 0.03, 40)
+        if not s.holds(goal):
+            self.log.append(f"{self.phase}: placed but {goal} does not hold")
+
+    def _not_built(self, skill: Skill) -> None:
+        self.phase = f"{skill} (skill not built yet)"
+        raise _Stop
+
+    _open = _close = _turn_on = _not_built
