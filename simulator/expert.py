@@ -8,7 +8,7 @@ robot through the benchmark's own OSC_POSE controller with the 7-d actions a
 policy emits (delta position, delta rotation, gripper), so a recorded
 sequence replays through `SimPool` as a policy's would.
 
-* `plan(goal)`: the goal's predicates -> an ordered list of `Skill`s
+* `plan(goal)` (`task_goal(bddl_file)` reads a task's goal): the goal's predicates -> an ordered list of `Skill`s
   ("pick_place" for In / On, "open", "close", "turn_on"); pure, no simulator.
 * `Expert(env).run(init_state)`: resets like `SimPool`'s worker (initial
   state, then the settle steps), executes the plan and returns an
@@ -107,6 +107,24 @@ def plan(goal) -> list[Skill]:
     filled = [c for c in closes if any(p.target == c or p.target.startswith(c + "_") for p in places)]
     return ([Skill("open", c) for c in filled] + opens + turn_ons + places
             + [Skill("close", c) for c in closes])
+
+
+def task_goal(bddl_file: str) -> list:
+    """The goal predicates of a task's BDDL file, as the env parses them (no scene is built)."""
+    from libero.libero.envs.bddl_utils import robosuite_parse_problem
+
+    return robosuite_parse_problem(bddl_file)["goal_state"]
+
+
+def physics_env(bddl_file: str, max_steps: int = 520):
+    """The benchmark's env without renderer or cameras (~10x the steps/s), built and seeded as
+    `SimPool`'s worker builds its env, so a sequence found here replays there."""
+    from libero.libero.envs.env_wrapper import ControlEnv
+
+    env = ControlEnv(bddl_file_name=bddl_file, horizon=SETTLE_STEPS + max_steps + 10, ignore_done=True,
+                     use_camera_obs=False, has_offscreen_renderer=False)
+    env.seed(0)
+    return env
 
 
 def quat_to_matrix(q) -> np.ndarray:
