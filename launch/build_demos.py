@@ -48,12 +48,13 @@ def episode_path(out: pathlib.Path, suite: str, task_id: int, state: int) -> pat
 
 
 def _atomic_write(path: pathlib.Path, write) -> None:
-    """write(tmp_path) then rename onto path (same folder: the rename is atomic)."""
+    """write(tmp_path) then rename onto path (same folder: the rename is atomic). write may return the
+    path it really wrote (`Episode.save` adds ".npz")."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         written = write(tmp)
-        os.replace(written or tmp, path)
+        os.replace(written if isinstance(written, pathlib.Path) else tmp, path)
     finally:
         for p in (tmp, tmp.with_name(tmp.name + ".npz")):
             p.unlink(missing_ok=True)
