@@ -49,6 +49,10 @@ FINGER_BELOW_EEF = 0.015   # m: the fingertips reach this far below the grip sit
 # TILT_FROM + TILT_RAMP on (the Panda's elbow straightens at ~0.6 m for objects on the table).
 MAX_TILT_DEG, TILT_FROM, TILT_RAMP = 40.0, 0.5, 0.15
 CLEARANCE = 0.05
+PUSH_STANDOFF = 0.05    # m: the hand comes down this far before the face it pushes
+PUSH_BUDGET = 120       # steps of pushing a drawer or door shut
+PUSH_LEAN_DEG = 30.0    # the hand leans this much into a push
+PUSH_LEAD = 0.1         # m: the push servoes this far past the contact point (full speed)
 STALL_STEPS = 8         # a phase ends when the hand moved < 2 mm over this many steps       # m: the carried object's bottom clears obstacles on its path by this much
 UNARY = ("open", "close", "turnon", "turnoff")
 
@@ -278,8 +282,14 @@ def choose_grasp(scene: Scene, name: str, shoulder_xy) -> Grasp:
         centre = c[bottom].mean(0) if bottom.any() else (lo + hi) / 2   # the base: the cup without its handle
         reach_hi, reach_lo = hi[long_ax] - centre[long_ax], centre[long_ax] - lo[long_ax]
         side = -1.0 if reach_hi > reach_lo + 0.01 else 1.0   # away from the handle (the longer reach)
-        if abs(reach_hi - reach_lo) <= 0.01:   # symmetric (a bowl): the wall nearer the robot's base (-x)
-            side = -1.0 if (r_b[:, long_ax] @ np.array([-1.0, 0, 0])) > 0 else 1.0
+        if abs(reach_hi - reach_lo) <= 0.01:   # symmetric (a bowl): a wall across the reach direction (the
+            out = p_b[:2] - shoulder_xy           # forward lean then helps), on the side with more room
+            long_ax = int(np.argmin(np.abs(out @ r_b[:2, :2])))
+            ends = [p_b + r_b[:, long_ax] * (hi if sgn > 0 else lo)[long_ax] for sgn in (1.0, -1.0)]
+            room = [min((np.linalg.norm(e[:2] - scene.pos(o)[:2]) for o in scene.objects()
+                         if o != name and np.ptp(np.stack(scene.extent(o)), axis=0)[2] < 0.5), default=1.0)
+                    for e in ends]
+            side = 1.0 if room[0] >= room[1] else -1.0
         # hollow (a cup) if no geom covers the base's centre above half the height
         covers = np.all(np.abs(c[:, :2] - centre[:2]) <= h[:, :2], axis=1) & (c[:, 2] + h[:, 2] > lo[2] + size[2] / 2)
         handled = abs(reach_hi - reach_lo) > 0.01
@@ -556,8 +566,86 @@ class Expert:
         self._hold(OPEN, 8)
         self._move("retreat", lambda: np.r_[self.eef[:2], hover], OPEN, 0.03, 40)
 
-    def _not_built(self, skill: Skill) -> None:
-        self.phase = f"{skill} (skill not built yet)"
-        raise _Stop
+    def _joint(self, name: str) -> int:
+        """The MuJoCo joint id of a region's or fixture's articulation (drawer slide, door hinge)."""
+        s = self.scene
+        site = s.inner.object_sites_dict.get(name)
+        joints = site.joints if site is not None else s.inner.get_object(name).joints
+        return s.sim.model.joint_name2id(joints[0])
 
-    _open = _close = _not_built
+    def _moving_part(self, jid: int) -> tuple[np.ndarray, np.ndarray]:
+        """Where to push a drawer or door so its joint angle grows (towards "closed" in LIBERO's drawers and
+        microwave): (contact point, unit push direction), world frame, from the moving body's collision
+        geoms: a drawer's front face, or a door's free edge (0.8 of the way from the hinge)."""
+        s = self.scene
+        body = int(s.model.jnt_bodyid[jid])
+        r, x = s.data.xmat[body].reshape(3, 3), s.data.xpos[body]
+        axis_w = r @ s.model.jnt_axis[jid]
+        geoms = [g for g in range(s.model.ngeom) if s.model.geom_bodyid[g] == body
+                 and (s.model.geom_contype[g] or s.model.geom_conaffinity[g])]
+        c = np.array([r.T @ (s.data.geom_xpos[g] + s.data.geom_xmat[g].reshape(3, 3) @ s.model.geom_aabb[g][:3] - x)
+                      for g in geoms])
+        h = np.array([np.abs(r.T @ s.data.geom_xmat[g].reshape(3, 3)) @ s.model.geom_aabb[g][3:] for g in geoms])
+        lo, hi = (c - h).min(0), (c + h).max(0)
+        centre = (lo + hi) / 2
+        if s.model.jnt_type[jid] == 2:   # slide: push the face that leads when closing... from behind it
+            push = axis_w / np.linalg.norm(axis_w)
+            local = r.T @ push
+            k = int(np.argmax(np.abs(local)))
+            face = centre.copy()
+            face[k] = (lo if local[k] > 0 else hi)[k]   # the face on the side we push from
+            return x + r @ face, push
+        # hinge: the free edge is the door-frame end farthest from the hinge line
+        pivot = s.model.jnt_pos[jid]
+        axis = s.model.jnt_axis[jid] / np.linalg.norm(s.model.jnt_axis[jid])
+        best = None
+        for k in range(3):
+            if abs(axis[k]) > 0.5:
+                continue
+            for end in (lo[k], hi[k]):
+                point = centre.copy()
+                point[k] = pivot[k] + 0.8 * (end - pivot[k])
+                d = point - pivot
+                dist = np.linalg.norm(d - (d @ axis) * axis)
+                if best is None or dist > best[0]:
+                    best = (dist, point)
+        p_w = x + r @ best[1]
+        tangent = np.cross(axis_w, p_w - (x + r @ pivot))
+        return p_w, tangent / np.linalg.norm(tangent)
+
+    def _close(self, skill: Skill) -> None:
+        """Push the drawer or door shut with the closed hand, following it as it moves."""
+        s, goal = self.scene, ["close", skill.obj]
+        if s.holds(goal):
+            return
+        jid = self._joint(skill.obj)
+        point, push = self._moving_part(jid)
+        # the palm is long along the finger axis: keep that axis across the push, the palm clear of the front
+        self._orient(float(np.arctan2(push[1], push[0])) + np.pi / 2, self.eef)
+        # and lean the fingertips into the push: the forearm then stays low and clear of the cabinet's top
+        u = np.array([-push[1], push[0], 0.0]) / max(np.linalg.norm(push[:2]), 1e-9)
+        lean = [axis_angle(u, a) for a in (np.deg2rad(PUSH_LEAN_DEG), -np.deg2rad(PUSH_LEAN_DEG))]
+        self.r_goal = max(lean, key=lambda r: (r @ self.r_goal)[:, 2] @ push) @ self.r_goal
+        table = min(s.extent(n)[0][2] for n in s.objects())
+        contact_z = max(point[2], table + FINGER_BELOW_EEF + 0.02)
+        start = np.r_[(point - PUSH_STANDOFF * push)[:2], contact_z]
+        hover = self._carry_height(self.eef[:2], start[:2], None)
+        self._hold(CLOSE, 6)
+        self._move("up", lambda: np.r_[self.eef[:2], max(hover, self.eef[2])], CLOSE, 0.02, 60)
+        self._move("above", lambda: np.r_[start[:2], hover], CLOSE, 0.01, 120)
+        self._move("down", lambda: start, CLOSE, 0.008, 80)
+        for _ in range(PUSH_BUDGET):
+            if s.holds(goal):
+                break
+            point, push = self._moving_part(jid)
+            target = np.r_[(point + PUSH_LEAD * push)[:2], contact_z]
+            self._step(self._action(target, CLOSE))
+        self.log.append(f"{self.phase}: pushed, joint at {s.data.qpos[s.model.jnt_qposadr[jid]]:.3f} "
+                        f"({len(self.actions)})")
+        back = np.r_[(self.eef - PUSH_STANDOFF * push)[:2], self.eef[2]]
+        self._move("back off", lambda: back, CLOSE, 0.02, 20)
+
+    def _open(self, skill: Skill) -> None:
+        if not self.scene.holds(["open", skill.obj]):
+            self.phase = f"{skill} (opening is not built yet)"
+            raise _Stop
