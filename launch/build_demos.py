@@ -1,19 +1,21 @@
 r"""Scripted-expert demonstrations for LIBERO (issue #30): search physics-only, then record with cameras.
 
-  MUJOCO_GL=egl python launch/build_demos.py --tasks 0 4 5 6 7 --states 0-49 --out /tmp/wmrl/demos
-  python launch/build_demos.py --tasks 0 4 --states 0-9 --search_only    # success table, nothing written
+  MUJOCO_GL=egl python launch/build_demos.py --tasks 0 2 4 5 6 7 8 --states 0-49 --out /tmp/wmrl/demos
+  python launch/build_demos.py --tasks 0 2 --states 0-9 --search_only    # success table, nothing written
 
 For every (task, initial state): `simulator.expert` runs the task in a
-camera-less env (~5 s an episode on one loaded core); a successful action
-sequence is then replayed open loop through `SimPool` with the agentview and
-wrist cameras, and the replayed `Episode` (frames, actions, proprio) is saved
-as `<out>/<suite>/task<TT>/state<SS>.npz`. An expert failure, or a replay
-that does not succeed again, is saved as `state<SS>.failed.json` (why, at
-which step), so it is not retried. Files are written to a temporary name and
+camera-less env (5-15 s an episode on one loaded core); a successful action
+sequence is then replayed open loop through `SimPool` (one simulator process
+for the whole run) with the agentview and wrist cameras, and the replayed
+`Episode` (frames, actions, proprio) is saved as
+`<out>/<suite>/task<TT>/state<SS>.npz`. An expert failure, or a replay that
+does not succeed again, is saved as `state<SS>.failed.json` (why, at which
+step), so it is not retried. Files are written to a temporary name and
 renamed: a killed run leaves no partial file, and rerunning the command skips
 everything finished and continues (deterministic: the same command gives the
 same actions). A progress bar counts episodes; a table of successes per task
-ends the run.
+ends the run. Exit status 2, with one line, for an unknown suite, task or
+state, or a missing benchmark install.
 """
 
 from __future__ import annotations
@@ -60,17 +62,14 @@ def _atomic_write(path: pathlib.Path, write) -> None:
             p.unlink(missing_ok=True)
 
 
-def replay(suite: str, task_id: int, state: int, actions, camera_size: int, record_every: int):
-    """The expert's actions, open loop, through `SimPool` with both cameras: the recorded `Episode`."""
+def replay(pool, task_id: int, state: int, actions):
+    """The expert's actions, open loop, through `pool` (cameras on): the recorded `Episode`. The pool
+    stops at success; an episode still "running" after the last action did not succeed again."""
     import numpy as np
 
-    import simulator
-
-    with simulator.SimPool(suite, workers=1, camera_size=camera_size, max_steps=len(actions),
-                           record_every=record_every) as pool:
-        pool.reset([(task_id, state)])
-        pool.step(np.asarray(actions, np.float32)[None])
-        return pool.episodes[0]
+    pool.reset([(task_id, state)])
+    pool.step(np.asarray(actions, np.float32)[None])
+    return pool.episodes[0]
 
 
 def main(argv=None) -> int:
@@ -110,7 +109,7 @@ def main(argv=None) -> int:
     table = {info.task_id: {"ok": 0, "tried": 0, "steps": []} for info in infos}
     todo = [(info, s) for info in infos for s in states]
     bar = tqdm.tqdm(todo, desc=f"{suite} demos", unit="ep")
-    env_task, env = None, None
+    env_task, env, pool = None, None, None
     for info, s in bar:
         path = episode_path(args.out, suite, info.task_id, s)
         failed = path.with_name(f"state{s:02d}.failed.json")
@@ -132,7 +131,10 @@ def main(argv=None) -> int:
         row["tried"] += 1
         why = "" if result.success else f"expert failed at {result.failed_at} (step {result.steps})"
         if result.success and not args.search_only:
-            ep = replay(suite, info.task_id, s, result.actions, args.camera_size, args.record_every)
+            if pool is None:   # one simulator process for every replay: it keeps its scene per task
+                pool = simulator.SimPool(suite, workers=1, camera_size=args.camera_size, max_steps=max_steps,
+                                         record_every=args.record_every)
+            ep = replay(pool, info.task_id, s, result.actions)
             if ep.status == "success":
                 _atomic_write(path, ep.save)
             else:
@@ -150,6 +152,8 @@ def main(argv=None) -> int:
     bar.close()
     if env is not None:
         env.close()
+    if pool is not None:
+        pool.close()
 
     print(f"\n| task | instruction | successes / states | mean steps |\n|---|---|---|---|")
     for info in infos:

@@ -1,4 +1,4 @@
-"""`simulator.expert` (the scripted LIBERO expert) and `launch/build_demos.py` on the real LIBERO-Long scenes.
+"""`simulator.expert` and `simulator.scene` (the scripted LIBERO expert) and `launch/build_demos.py` on the real LIBERO-Long scenes.
 
 The benchmark is a test requirement ([test] installs [vla]): without it these
 tests fail with the install command, they do not skip. The expected plans are
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import simulator
-from simulator import expert
+from simulator import expert, scene
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SUITE = "libero_10"
@@ -54,10 +54,10 @@ def test_plan_rejects_what_it_cannot_do():
 
 def test_rotation_helpers_against_hand_worked_values():
     # 90 degrees about z: x -> y; as a quaternion (x, y, z, w) = (0, 0, sin 45, cos 45)
-    r = expert.quat_to_matrix([0, 0, np.sqrt(0.5), np.sqrt(0.5)])
+    r = scene.quat_to_matrix([0, 0, np.sqrt(0.5), np.sqrt(0.5)])
     np.testing.assert_allclose(r @ [1, 0, 0], [0, 1, 0], atol=1e-12)
-    np.testing.assert_allclose(expert.axis_angle([0, 0, 1], np.pi / 2), r, atol=1e-12)
-    np.testing.assert_allclose(expert.rotvec(r), [0, 0, np.pi / 2], atol=1e-12)
+    np.testing.assert_allclose(scene.axis_angle([0, 0, 1], np.pi / 2), r, atol=1e-12)
+    np.testing.assert_allclose(scene.rotvec(r), [0, 0, np.pi / 2], atol=1e-12)
 
 
 def test_expert_solves_task0_state0_physics_only_and_repeats_itself():
@@ -71,6 +71,14 @@ def test_expert_solves_task0_state0_physics_only_and_repeats_itself():
         assert np.abs(first.actions).max() <= 1.0
         second = bot.run(simulator.init_state(SUITE, 0, 0))   # the same env again: the same actions
         np.testing.assert_array_equal(second.actions, first.actions)
+        # the flat cream cheese box (8.2 x 4.3 x 1.8 cm, long side along world x in this state) is taken
+        # across its 4.3 cm side: fingers along world y
+        env.reset()
+        env.set_init_state(simulator.init_state(SUITE, 0, 0))
+        lo, hi = bot.scene.extent("cream_cheese_1")
+        assert hi[0] - lo[0] > 0.075 and 0.04 < hi[1] - lo[1] < 0.046
+        grasp = scene.choose_grasp(bot.scene, "cream_cheese_1", bot.shoulder[:2])
+        assert abs(grasp.width - (hi[1] - lo[1])) < 0.003 and abs(np.sin(grasp.finger_yaw)) > 0.99
     finally:
         env.close()
 
