@@ -639,7 +639,7 @@ def test_made_up_names_rename_the_data_columns_one_to_one_and_keep_misspellings_
 
 def test_renamed_outcome_copies_keep_the_answer_and_change_only_the_names():
     plain = micro_world.outcome_examples(CONFIG)
-    copies = micro_world.renamed_outcome_examples(CONFIG, 1, seed=6)
+    copies = micro_world.renamed_outcome_examples(CONFIG, 1.0, seed=6)
     assert len(copies) == len(plain)
     assert [(reply, kind) for _, reply, kind in copies] == [(reply, kind) for _, reply, kind in plain]
     changed = 0
@@ -647,8 +647,11 @@ def test_renamed_outcome_copies_keep_the_answer_and_change_only_the_names():
         assert before.split("# Data\n")[0] == after.split("# Data\n")[0]     # the system prompt and the task text
         changed += before != after
     assert changed == len(plain)          # every inventory names columns
-    assert [p for p, _, _ in micro_world.renamed_outcome_examples(CONFIG, 1, seed=6)[:50]] == \
-        [p for p, _, _ in copies[:50]]
+    quarter = micro_world.renamed_outcome_examples(CONFIG, 0.25, seed=6)
+    assert len(quarter) == round(0.25 * len(plain)) and set(quarter) < set(copies)   # a subset, the same names
+    assert micro_world.renamed_outcome_examples(CONFIG, 0.25, seed=6) == quarter
+    with pytest.raises(ValueError, match="outcome_stage_renamed"):
+        dataclasses.replace(CONFIG, outcome_stage_renamed=2.0)
 
 
 def test_renamed_programs_run_on_renamed_data_as_they_ran_on_the_task():
@@ -668,7 +671,7 @@ def test_renamed_stage_copies_train_the_world_model_and_leave_the_agent_as_it_wa
     from safetensors.numpy import load_file
 
     plain = micro_world.build(tmp_path / "plain", config, progress=False)
-    renamed = micro_world.build(tmp_path / "renamed", dataclasses.replace(config, outcome_stage_renamed=1),
+    renamed = micro_world.build(tmp_path / "renamed", dataclasses.replace(config, outcome_stage_renamed=1.0),
                                 progress=False)
     assert renamed["examples"]["outcome_renamed"] == renamed["examples"]["outcome"] == plain["examples"]["outcome"]
     assert "outcome_renamed" not in plain["examples"]

@@ -206,7 +206,8 @@ class MicroWorldConfig:
     # multi_log_loss (2 of 16 held-out attempts valid; docs/results.md). Since then every program ends with
     # the same tail (`program_form.SUBMISSION_TAIL`): the metric is the `predict` line's alone.
     agent_stage_full_rules: bool = True
-    # Renamed copies of each outcome episode in the world-model stage's pool (0: none). A copy asks about the
+    # Renamed copies of this fraction of the outcome episodes (a seeded choice; 1.0: every one) join the
+    # world-model stage's pool (0: none). A copy asks about the
     # same program on the same task with every data column renamed -- in the inventory, the target line and
     # the code's string literals (`renamed_outcome_examples`), with made-up names drawn per task and copy --
     # and keeps the logged outcome: a consistent renaming does not change what the program does (checked by
@@ -214,12 +215,15 @@ class MicroWorldConfig:
     # recognise a train task by its column names instead of reading the code: recipe v3's seed 1 called every
     # held-out valid program `runtime_err` (docs/results.md). The stage's steps and batch stay as they are, so
     # the build's time does not change; the agent's weights do not see the stage and stay the same.
-    # Measured with 1 copy (seeds 0 and 1): seed 1's held-out status accuracy 0.06 -> 1.00, but held-out
-    # Spearman below the bar on both (0.57 / 0.52 logged / own on seed 0, against 0.75 / 0.63 without), so
-    # the shipped recipe has none yet (docs/results.md, "Renamed copies in the world-model stage").
-    outcome_stage_renamed: int = 0
+    # Measured with every episode copied (1.0, seeds 0 and 1): seed 1's held-out status accuracy 0.06 -> 1.00,
+    # but held-out Spearman below the bar on both (0.57 / 0.52 logged / own on seed 0, against 0.75 / 0.63
+    # without), so the shipped recipe has none yet (docs/results.md, "Renamed copies in the world-model stage").
+    outcome_stage_renamed: float = 0.0
 
     def __post_init__(self):
+        if not 0.0 <= self.outcome_stage_renamed <= 1.0:
+            raise ValueError(f"MicroWorldConfig.outcome_stage_renamed: got {self.outcome_stage_renamed!r}, expected "
+                             "a fraction of the outcome episodes in [0, 1]")
         if self.separate_world_model and (self.outcome_stage_replay or self.outcome_stage_alternate):
             raise ValueError(
                 "MicroWorldConfig.separate_world_model: its world-model stage trains a copy of the weights on "
@@ -402,28 +406,29 @@ def outcome_examples(config: MicroWorldConfig, root=None) -> list:
     return [_outcome_example(config, tasks[entry["task"]], code, entry) for entry, code in runs]
 
 
-def renamed_outcome_examples(config: MicroWorldConfig, copies: int, *, seed: int, root=None) -> list:
-    """`copies` renamed copies of `outcome_examples`, in its order copy by copy (`outcome_stage_renamed`).
+def renamed_outcome_examples(config: MicroWorldConfig, fraction: float, *, seed: int, root=None) -> list:
+    """Renamed copies of a seeded `fraction` of `outcome_examples` (all: 1.0), in its order
+    (`outcome_stage_renamed`).
 
-    Copy k of a task renames its columns by `made_up_names` drawn from a generator seeded by (`seed`, task
-    index, k): the inventory, the target line and the programs' string literals (`renamed_task`,
-    `renamed_code`) change together, so each program does what it did and keeps its logged outcome."""
+    A task's columns are renamed by `made_up_names` drawn from a generator seeded by (`seed`, task index):
+    the inventory, the target line and the programs' string literals (`renamed_task`, `renamed_code`)
+    change together, so each program does what it did and keeps its logged outcome."""
     import tempfile
 
-    tasks, runs = _outcome_runs(root)
-    order = sorted(tasks)
-    out = []
+    tasks, every = _outcome_runs(root)
+    runs = every
+    if fraction < 1.0:
+        keep = np.random.default_rng(seed).permutation(len(every))[:round(fraction * len(every))]
+        runs = [every[i] for i in sorted(keep)]
+    views, renamings = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for k in range(copies):
-            views, renamings = {}, {}
-            for i, name in enumerate(order):
-                rng = np.random.default_rng([seed, i, k])
-                literals = set().union(*(_literals(code) for entry, code in runs if entry["task"] == name))
-                renamings[name] = made_up_names(tasks[name], rng, avoid=literals)
-                views[name] = renamed_task(tasks[name], renamings[name], pathlib.Path(tmp) / f"{k}" / name)
-            out += [_outcome_example(config, views[entry["task"]], renamed_code(code, renamings[entry["task"]]), entry)
-                    for entry, code in runs]
-    return out
+        for i, name in enumerate(sorted(tasks)):
+            rng = np.random.default_rng([seed, i, 0])   # [.., 0]: the names of the copies the first v4 builds had
+            literals = set().union(*(_literals(code) for entry, code in every if entry["task"] == name))
+            renamings[name] = made_up_names(tasks[name], rng, avoid=literals)
+            views[name] = renamed_task(tasks[name], renamings[name], pathlib.Path(tmp) / name)
+        return [_outcome_example(config, views[entry["task"]], renamed_code(code, renamings[entry["task"]]), entry)
+                for entry, code in runs]
 
 
 def render(messages: Sequence[dict], reply: str) -> tuple[str, str]:
