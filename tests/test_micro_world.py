@@ -632,7 +632,7 @@ def test_made_up_names_rename_the_data_columns_one_to_one_and_keep_misspellings_
     assert not {"c0", "c1", "c2"} & set(micro_world.column_renaming(tasks["wine_cultivar"]))
     code = 'X = train.drop(columns=["petal_lenght_cm"])\ny = train["species"]\n'
     renaming = micro_world.made_up_names(tasks["iris_species"], np.random.default_rng(3),
-                                         avoid=micro_world._literals(code))
+                                         avoid=micro_world._literals([code]))
     assert micro_world.renamed_code(code, renaming) == (f'X = train.drop(columns=["petal_lenght_cm"])\n'
                                                          f'y = train["{renaming["species"]}"]\n')
 

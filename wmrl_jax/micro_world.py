@@ -424,8 +424,8 @@ def renamed_outcome_examples(config: MicroWorldConfig, fraction: float, *, seed:
     with tempfile.TemporaryDirectory() as tmp:
         for i, name in enumerate(sorted(tasks)):
             rng = np.random.default_rng([seed, i, 0])   # [.., 0]: the names of the copies the first v4 builds had
-            literals = set().union(*(_literals(code) for entry, code in every if entry["task"] == name))
-            renamings[name] = made_up_names(tasks[name], rng, avoid=literals)
+            renamings[name] = made_up_names(tasks[name], rng,
+                                            avoid=_literals(code for e, code in every if e["task"] == name))
             views[name] = renamed_task(tasks[name], renamings[name], pathlib.Path(tmp) / name)
         return [_outcome_example(config, views[entry["task"]], renamed_code(code, renamings[entry["task"]]), entry)
                 for entry, code in runs]
@@ -1097,9 +1097,9 @@ def made_up_names(task, rng: np.random.Generator, avoid=()) -> dict[str, str]:
     return out
 
 
-def _literals(code: str) -> set[str]:
-    """The string literals of `code` (quoted text, no escapes)."""
-    return {m.group(2) for m in re.finditer(r"""(["'])([^"'\\\n]*)\1""", code)}
+def _literals(codes) -> set[str]:
+    """The string literals (quoted text, no escapes) of the programs `codes`."""
+    return {m.group(2) for code in codes for m in re.finditer(r"""(["'])([^"'\\\n]*)\1""", code)}
 
 
 def renamed_code(code: str, renaming: dict[str, str]) -> str:
@@ -1112,6 +1112,15 @@ def renamed_code(code: str, renaming: dict[str, str]) -> str:
         return code
     alternatives = "|".join(map(re.escape, sorted(renaming, key=len, reverse=True)))
     return re.sub(rf"""(["'])({alternatives})\1""", lambda m: f"{m.group(1)}{renaming[m.group(2)]}{m.group(1)}", code)
+
+
+def _rename_inventory(source: pathlib.Path, target: pathlib.Path, renaming: dict[str, str]) -> None:
+    """Writes the data inventory at `source` to `target` with its column names renamed."""
+    inventory = json.loads(source.read_text())
+    for info in inventory.values():
+        for c in info["columns"]:
+            c["name"] = renaming.get(c["name"], c["name"])
+    target.write_text(json.dumps(inventory))
 
 
 def renamed_task(task, renaming: dict[str, str], folder):
@@ -1129,11 +1138,7 @@ def renamed_task(task, renaming: dict[str, str], folder):
     for f in (root / "info").iterdir():
         if f.is_file() and f.name != "inventory.json":
             shutil.copy(f, folder / "info" / f.name)
-    inventory = json.loads((root / "info" / "inventory.json").read_text())
-    for info in inventory.values():
-        for c in info["columns"]:
-            c["name"] = renaming.get(c["name"], c["name"])
-    (folder / "info" / "inventory.json").write_text(json.dumps(inventory))
+    _rename_inventory(root / "info" / "inventory.json", folder / "info" / "inventory.json", renaming)
     public = folder / "data" / "public"
     public.mkdir(parents=True, exist_ok=True)
     for name in ("train.csv", "test.csv"):
@@ -1160,11 +1165,7 @@ def renamed_task_copy(task, renaming: dict[str, str], folder):
             line = io.StringIO()
             csv.writer(line, lineterminator="").writerow([renaming.get(c, c) for c in header])
             path.write_text(line.getvalue() + sep + body, encoding="utf-8")
-    inventory = json.loads((folder / "info" / "inventory.json").read_text())
-    for info in inventory.values():
-        for c in info["columns"]:
-            c["name"] = renaming.get(c["name"], c["name"])
-    (folder / "info" / "inventory.json").write_text(json.dumps(inventory))
+    _rename_inventory(folder / "info" / "inventory.json", folder / "info" / "inventory.json", renaming)
     for metric in (folder / "utils").glob("*.py"):
         metric.write_text(renamed_code(metric.read_text(), renaming))
     return sandbox.load_task(folder)
@@ -1189,8 +1190,8 @@ def renaming_invariance(sample: int, *, seed: int = 0, workers: int = 2, root=No
     with tempfile.TemporaryDirectory() as tmp:
         copies, renamings = {}, {}
         for i, name in enumerate(sorted({entry["task"] for entry, _ in picked})):
-            literals = set().union(*(_literals(code) for entry, code in runs if entry["task"] == name))
-            renamings[name] = made_up_names(tasks[name], np.random.default_rng([seed, i]), avoid=literals)
+            renamings[name] = made_up_names(tasks[name], np.random.default_rng([seed, i]),
+                                            avoid=_literals(code for e, code in runs if e["task"] == name))
             copies[name] = renamed_task_copy(tasks[name], renamings[name], pathlib.Path(tmp) / name)
         pairs = [(tasks[e["task"]], code) for e, code in picked]
         pairs += [(copies[e["task"]], renamed_code(code, renamings[e["task"]])) for e, code in picked]
@@ -1202,7 +1203,8 @@ def renaming_invariance(sample: int, *, seed: int = 0, workers: int = 2, root=No
     different = [(e["task"], a.status, b.status) for (e, _), a, b in zip(picked, before, after) if a.status != b.status]
     valid = [(a, b) for a, b in zip(before, after) if a.status == b.status == "valid"]
     return {"programs": n, "same_status": (n - len(different)) / n,
-            "same_reward": float(np.mean([abs(a.raw_score - b.raw_score) <= 1e-9 for a, b in valid])) if valid else float("nan"),
+            "same_reward": (float(np.mean([abs(a.raw_score - b.raw_score) <= 1e-9 for a, b in valid]))
+                            if valid else float("nan")),
             "valid_pairs": len(valid), "different": different}
 
 
