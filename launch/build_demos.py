@@ -49,17 +49,15 @@ def episode_path(out: pathlib.Path, suite: str, task_id: int, state: int) -> pat
     return out / suite / f"task{task_id:02d}" / f"state{state:02d}.npz"
 
 
-def _atomic_write(path: pathlib.Path, write) -> None:
-    """write(tmp_path) then rename onto path (same folder: the rename is atomic). write may return the
-    path it really wrote (`Episode.save` adds ".npz")."""
+def _write_json(path: pathlib.Path, record: dict) -> None:
+    """`record` as JSON at `path`, written under a temporary name and renamed (atomic)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        written = write(tmp)
-        os.replace(written if isinstance(written, pathlib.Path) else tmp, path)
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
     finally:
-        for p in (tmp, tmp.with_name(tmp.name + ".npz")):
-            p.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
 
 
 def replay(pool, task_id: int, state: int, actions):
@@ -136,12 +134,12 @@ def main(argv=None) -> int:
                                          record_every=args.record_every)
             ep = replay(pool, info.task_id, s, result.actions)
             if ep.status == "success":
-                _atomic_write(path, ep.save)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                ep.save(path)   # atomic
             else:
                 why = f"replay with cameras ended {ep.status} after {ep.steps} steps {ep.reason}".strip()
         if why and not args.search_only:
-            _atomic_write(failed, lambda tmp: tmp.write_text(json.dumps(
-                {"task": info.task_id, "state": s, "reason": why, "expert_steps": result.steps})))
+            _write_json(failed, {"task": info.task_id, "state": s, "reason": why, "expert_steps": result.steps})
         if not why:
             row["ok"] += 1
             row["steps"].append(result.steps)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 
 import numpy as np
@@ -57,7 +58,10 @@ class Episode:
         return {"success": True, "failure": False}.get(self.status)
 
     def save(self, path) -> pathlib.Path:
-        """Write a compressed `.npz` (the suffix is added when missing); returns the path written."""
+        """Write a compressed `.npz` (the suffix is added when missing); returns the path written.
+
+        Atomic: written beside `path` under a temporary name, then renamed onto it, so an interrupted save
+        leaves no half-written episode."""
         path = pathlib.Path(path)
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")
@@ -65,7 +69,12 @@ class Episode:
                 if f.name not in ("actions", "proprio", "frames", "frame_steps")}
         arrays = {"actions": self.actions, "proprio": self.proprio, "frame_steps": self.frame_steps,
                   **{f"frames/{cam}": v for cam, v in self.frames.items()}}
-        np.savez_compressed(path, meta=np.array(json.dumps(meta)), **arrays)
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
+        try:
+            np.savez_compressed(tmp, meta=np.array(json.dumps(meta)), **arrays)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return path
 
     @classmethod
