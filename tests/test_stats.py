@@ -1,4 +1,5 @@
-"""wmrl_jax.stats against scipy: the exact sign test, the percentile bootstrap interval; verdicts by hand."""
+"""wmrl_jax.stats against scipy and statsmodels: the exact sign test, the percentile bootstrap interval, the Wilson
+interval; verdicts by hand."""
 
 from __future__ import annotations
 
@@ -54,3 +55,20 @@ def test_bad_input_names_what_is_wrong():
         stats.bootstrap_mean_ci([1.0, 2.0], level=1.5)
     with pytest.raises(ValueError, match="direction: 'up'"):
         stats.verdict(stats.paired_bootstrap([1.0], [0.0]), "up")
+
+
+@pytest.mark.parametrize("k, n, level", [(0, 10, 0.95), (10, 10, 0.95), (3, 10, 0.95), (1, 1, 0.95), (37, 50, 0.9),
+                                         (7, 20, 0.99)])
+def test_wilson_interval_equals_statsmodels(k, n, level):
+    from statsmodels.stats.proportion import proportion_confint
+
+    low, high = stats.wilson_interval(k, n, level=level)
+    ref = proportion_confint(k, n, alpha=1 - level, method="wilson")
+    assert low == pytest.approx(ref[0], abs=1e-12) and high == pytest.approx(ref[1], abs=1e-12)
+    assert 0.0 <= low <= k / n <= high <= 1.0 and high > low
+
+
+def test_wilson_interval_refuses_bad_counts():
+    for k, n in ((1, 0), (-1, 5), (6, 5), (1.5, 5)):
+        with pytest.raises(ValueError, match="expected integers with n >= 1 and 0 <= successes <= n"):
+            stats.wilson_interval(k, n)

@@ -17,13 +17,21 @@ paired: it works on the per-seed differences ``d_s = a_s - b_s``.
   "not reproduced" when it lies wholly on the other side, "inconclusive"
   otherwise.
 
-Pure numpy; `tests/test_stats.py` checks against scipy.
+And one unpaired helper, for success rates (the VLA track's per-task
+success over initial states):
+
+* `wilson_interval` -- the Wilson score interval of a binomial proportion,
+  which stays inside [0, 1] and is not empty at 0 / n or n / n (where the
+  normal-approximation interval collapses to a point).
+
+Pure numpy; `tests/test_stats.py` checks against scipy and statsmodels.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from typing import Sequence
 
 import numpy as np
@@ -112,4 +120,22 @@ def verdict(p: Paired, direction: str = "greater", margin: float = 0.0) -> str:
     return "inconclusive"
 
 
-__all__ = ["Paired", "VERDICTS", "bootstrap_mean_ci", "paired_bootstrap", "sign_test", "verdict"]
+def wilson_interval(successes: int, n: int, *, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a success rate, `successes` of `n` trials, at confidence `level`.
+
+        p = k / n,  z = Phi^-1((1 + level) / 2)
+        centre = (p + z^2 / 2n) / (1 + z^2 / n),  half = z / (1 + z^2 / n) * sqrt(p (1 - p) / n + z^2 / 4n^2)
+    """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level: {level!r}, expected in (0, 1)")
+    if isinstance(n, bool) or int(n) != n or n < 1 or int(successes) != successes or not 0 <= successes <= n:
+        raise ValueError(f"successes={successes!r}, n={n!r}: expected integers with n >= 1 and 0 <= successes <= n")
+    z = statistics.NormalDist().inv_cdf((1.0 + level) / 2.0)
+    p, z2 = successes / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    # At k = 0 (k = n) the low (high) end is exactly 0 (1); the formula leaves rounding there.
+    return (0.0 if successes == 0 else centre - half), (1.0 if successes == n else centre + half)
+
+
+__all__ = ["Paired", "VERDICTS", "bootstrap_mean_ci", "paired_bootstrap", "sign_test", "verdict", "wilson_interval"]
