@@ -145,7 +145,8 @@ def _third_party_imports(paths) -> dict[str, str]:
     `paths` (files, or folders searched recursively); our own packages and launch/'s helpers excluded."""
     import ast
 
-    ours = {"wmrl_jax", "sandbox", "configs", *(p.stem for p in (ROOT / "launch").glob("*.py"))}
+    # simulator/ is ours too (the same distribution; wmrl_jax.vla.demos reads its Episode files).
+    ours = {"wmrl_jax", "sandbox", "simulator", "configs", *(p.stem for p in (ROOT / "launch").glob("*.py"))}
     found = {}
     for path in paths:
         path = ROOT / path
