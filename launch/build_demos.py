@@ -49,17 +49,6 @@ def episode_path(out: pathlib.Path, suite: str, task_id: int, state: int) -> pat
     return out / suite / f"task{task_id:02d}" / f"state{state:02d}.npz"
 
 
-def _write_json(path: pathlib.Path, record: dict) -> None:
-    """`record` as JSON at `path`, written under a temporary name and renamed (atomic)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def replay(pool, task_id: int, state: int, actions):
     """The expert's actions, open loop, through `pool` (cameras on): the recorded `Episode`. The pool
     stops at success; an episode still "running" after the last action did not succeed again."""
@@ -88,6 +77,7 @@ def main(argv=None) -> int:
     import tqdm
 
     import simulator
+    from wmrl_jax import files
     from simulator import expert, suites
 
     try:   # every name and index is checked before any scene is built
@@ -139,7 +129,8 @@ def main(argv=None) -> int:
             else:
                 why = f"replay with cameras ended {ep.status} after {ep.steps} steps {ep.reason}".strip()
         if why and not args.search_only:
-            _write_json(failed, {"task": info.task_id, "state": s, "reason": why, "expert_steps": result.steps})
+            files.write_text_atomic(failed, json.dumps({"task": info.task_id, "state": s, "reason": why,
+                                                        "expert_steps": result.steps}))
         if not why:
             row["ok"] += 1
             row["steps"].append(result.steps)
@@ -153,7 +144,7 @@ def main(argv=None) -> int:
     if pool is not None:
         pool.close()
 
-    print(f"\n| task | instruction | successes / states | mean steps |\n|---|---|---|---|")
+    print("\n| task | instruction | successes / states | mean steps |\n|---|---|---|---|")
     for info in infos:
         r = table[info.task_id]
         mean = f"{np.mean(r['steps']):.0f}" if r["steps"] else "-"

@@ -116,6 +116,7 @@ def main(argv=None) -> int:
     import jax
 
     import simulator
+    from wmrl_jax import files
     from wmrl_jax.vla import evaluate, sft
 
     policy = sft.load_policy(folder)
@@ -149,9 +150,7 @@ def main(argv=None) -> int:
     table = evaluate.markdown(summary)
     for name, text in (("eval.json", json.dumps(record, indent=1) + "\n"),
                        ("eval.md", f"# {folder}: {suite}, states {states}\n\n{table}\n")):
-        tmp = out / f".{name}.{os.getpid()}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, out / name)
+        files.write_text_atomic(out / name, text)
     print(table)
     o = summary["overall"]
     print(f"unknown episodes (excluded): {o['unknown']}; {wall:.0f} s; wrote {out / 'eval.json'} and {out / 'eval.md'}")

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import pathlib
 import sys
 import time
@@ -36,16 +35,6 @@ import bench_common  # noqa: F401  (importing it quiets absl/JAX INFO logs; laun
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
-
-def _write_atomic(path: pathlib.Path, write) -> None:
-    """write(tmp) then rename onto `path`: a killed run leaves the previous file or none, never half of one."""
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def parse_args(argv=None):
@@ -78,7 +67,7 @@ def main(argv=None) -> int:
     import jax
     import numpy as np
 
-    from wmrl_jax import micro_world
+    from wmrl_jax import files, micro_world
     from wmrl_jax.models.tokenizer import import_transformers
     from wmrl_jax.vla import demos, sft
     from wmrl_jax.vla import model as vla
@@ -146,8 +135,8 @@ def main(argv=None) -> int:
                "parameters": n_params, "history": result.history, "resumed_from": result.resumed_from,
                "wall_s": round(time.perf_counter() - t0, 1), "jax": jax.__version__,
                "backend": jax.default_backend()}
-    _write_atomic(out / "metrics.json", lambda p: p.write_text(json.dumps(metrics, indent=1) + "\n"))
-    _write_atomic(out / "loss.png", lambda p: sft.plot_history(
+    files.write_text_atomic(out / "metrics.json", json.dumps(metrics, indent=1) + "\n")
+    files.write_atomic(out / "loss.png", lambda p: sft.plot_history(
         result.history, p, title=f"VLA SFT: preset {args.preset}, {len(train_set)} train samples, held-out states {held or 'none'}"))
     line = f"step {result.step}: train loss {final['train']['loss']:.3f}, token accuracy {final['train']['accuracy']:.3f}, " \
            f"greedy |action error| {final['train']['action_l1']:.3f}"

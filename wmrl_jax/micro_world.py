@@ -67,7 +67,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from wmrl_jax import agent, world_model
+from wmrl_jax import agent, files, world_model
 # The program form lives in its own module (the execution corpus uses it too); re-exported here.
 from wmrl_jax.program_form import (GENERIC_TARGETS, PIPELINE_IMPORTS, PREDICT_LINES, SKLEARN_MODULES,  # noqa: F401
                                    normalise_solution, strip_docstring)
@@ -553,7 +553,6 @@ def make_train_step(model_config, optimizer, prompt_loss_weight: float, outcome_
     `make_outcome_step`'s `tail`, used when the outcome prompts carry no loss.
     """
     import jax
-    import jax.numpy as jnp
     import optax
 
     from wmrl_jax.logprobs import token_logprobs
@@ -961,14 +960,7 @@ def build(out_dir, config: MicroWorldConfig = MicroWorldConfig(), *, steps: int 
         PROMPT_FORMAT: prompt_format(config),
     }
     (staging / BUILD_LOG).write_text(json.dumps(log, indent=1) + "\n")
-    if out_dir.exists():
-        old = out_dir.with_name(out_dir.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out_dir, old)
-        os.replace(staging, out_dir)
-        shutil.rmtree(old)
-    else:
-        os.replace(staging, out_dir)
+    files.swap_into_place(staging, out_dir)
     shutil.rmtree(partial, ignore_errors=True)
     return log
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import pathlib
 import shutil
 from typing import Any, NamedTuple
@@ -45,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wmrl_jax import files
 from wmrl_jax.models import FAMILIES, get_family, qwen2
 from wmrl_jax.vla import demos, vision
 from wmrl_jax.vla import model as vla
@@ -168,15 +168,7 @@ def save_policy(folder, params: dict, config: vla.Config, tokenizer, meta: dict)
     (staging / "config.json").write_text(json.dumps(config_to_dict(config), indent=1) + "\n")
     (staging / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     tokenizer.save_pretrained(staging / "tokenizer")
-    if folder.exists():
-        old = folder.with_name(folder.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(folder, old)
-        os.replace(staging, folder)
-        shutil.rmtree(old)
-    else:
-        os.replace(staging, folder)
-    return folder
+    return files.swap_into_place(staging, folder)
 
 
 def check_policy_folder(folder) -> pathlib.Path:
@@ -386,7 +378,6 @@ def train(config: vla.Config, train_set: demos.Samples, sft: SFTConfig, workdir=
       held_out: samples of held-out states, scored every `sft.eval_every` steps and at the end.
       stop: stop after this many updates without changing the schedule (the first updates of a longer run).
     """
-    import optax
     from tqdm.auto import tqdm
 
     from wmrl_jax.train.checkpoint import Checkpointer
