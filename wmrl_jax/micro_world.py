@@ -217,7 +217,9 @@ class MicroWorldConfig:
     # the build's time does not change; the agent's weights do not see the stage and stay the same.
     # Measured with every episode copied (1.0, seeds 0 and 1): seed 1's held-out status accuracy 0.06 -> 1.00,
     # but held-out Spearman below the bar on both (0.57 / 0.52 logged / own on seed 0, against 0.75 / 0.63
-    # without), so the shipped recipe has none yet (docs/results.md, "Renamed copies in the world-model stage").
+    # without). With a quarter (0.25, seeds 0 and 1) both seeds' status is right (1.00 / 0.99) and seed 0 ranks
+    # logged programs as without (0.74) but its own agent's at 0.57, 0.03 under the bar; so the shipped recipe
+    # has none yet (docs/results.md, "Renamed copies in the world-model stage").
     outcome_stage_renamed: float = 0.0
 
     def __post_init__(self):
