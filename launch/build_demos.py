@@ -27,6 +27,8 @@ import pathlib
 import sys
 import time
 
+import bench_common  # noqa: F401  (the launch scripts' shared helper: quiets absl/JAX INFO logs)
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
