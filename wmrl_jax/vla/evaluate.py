@@ -4,10 +4,11 @@
     episodes = simulator.run_episodes(pool, fn, starts)
     table = evaluate.summarize(episodes)         # per task and overall: rate, 95 % Wilson interval, unknown
 
-No simulator import: `summarize` reads the `Episode` fields (task_id,
-init_state_index, status, steps, reason). The Episode contract holds: an
-episode with status "unknown" (its simulator process crashed or hung) is
-excluded from the rate and counted apart, never a failure.
+No simulator process or benchmark import: `summarize` reads the `Episode`
+fields (task_id, init_state_index, status, steps, reason) and counts through
+`simulator.episode.success_rate`, so the Episode contract holds: an episode
+with status "unknown" (its simulator process crashed or hung) is excluded
+from the rate and counted apart, never a failure.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from simulator.episode import success_rate
 from wmrl_jax import stats
 from wmrl_jax.vla import model as vla
 
@@ -50,14 +52,13 @@ def policy_fn(policy, instructions: Sequence[str], *, temperature: float = 0.0, 
 
 
 def _rate(episodes, level: float) -> dict:
-    known = [e for e in episodes if e.status in ("success", "failure")]
-    wins = sum(e.status == "success" for e in known)
-    unknown = [e for e in episodes if e.status == "unknown"]
-    row = {"episodes": len(episodes), "known": len(known), "successes": wins, "unknown": len(unknown),
-           "success_rate": wins / len(known) if known else None, "ci_low": None, "ci_high": None}
+    rate, known, unknown = success_rate(episodes)   # the Episode contract: unknown ones excluded, never failures
+    wins = round(rate * known) if known else 0
+    row = {"episodes": len(episodes), "known": known, "successes": wins, "unknown": unknown,
+           "success_rate": rate, "ci_low": None, "ci_high": None}
     if known:
-        row["ci_low"], row["ci_high"] = stats.wilson_interval(wins, len(known), level=level)
-    steps = [e.steps for e in known if e.status == "success"]
+        row["ci_low"], row["ci_high"] = stats.wilson_interval(wins, known, level=level)
+    steps = [e.steps for e in episodes if e.success]
     row["mean_steps_success"] = float(np.mean(steps)) if steps else None
     return row
 
