@@ -2,6 +2,7 @@ r"""SFT of the VLA policy on scripted-expert demonstrations (issue #30), with he
 
   python launch/vla_sft.py --demos /tmp/wmrl/demos --out /tmp/wmrl/vla_sft --held_out_states 40-49
   python launch/vla_eval.py --checkpoint /tmp/wmrl/vla_sft          # success on the held-out states, in LIBERO
+  python launch/vla_sft.py --config configs/libero_long_minivla.py --backbone /models/Qwen2.5-0.5B   # MiniVLA-style
 
 Reads every Episode file under --demos (launch/build_demos.py's
 `<suite>/task<TT>/state<SS>.npz`; only successful episodes, the rest counted),
@@ -11,7 +12,11 @@ action tokens (`wmrl_jax.vla.demos`). Samples from --held_out_states never
 train; their loss, token accuracy and greedy action error are reported
 (`wmrl_jax.vla.sft`). The model is a `--preset` (a Qwen2 backbone and a ViT built
 from scratch; "tiny" trains on 2 CPU cores) for the demos' frame size, with
-the shipped micro-world tokenizer (its ids, then 256 action ids).
+the shipped micro-world tokenizer (its ids, then 256 action ids); or, with
+`--backbone`, a pretrained HF checkpoint (MiniVLA's Qwen2.5-0.5B; any family
+`models.load_hf` reads) with its own tokenizer, the preset sizing the ViT only
+(`sft.from_hf_backbone`). `--config` takes a Python file whose `get_config()`
+sets these flags (explicit flags win).
 
 Writes to --out: `checkpoints/` (resumable: the same command continues, bit
 for bit), then `policy/` (params.npz, config.json, meta.json, tokenizer/:
@@ -37,9 +42,35 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+def config_defaults(path: pathlib.Path, dests: set[str]) -> dict:
+    """The flag values a --config file sets (its `get_config()`'s keys are this script's flag names)."""
+    import importlib.util
+
+    if not path.is_file():
+        raise ValueError(f"--config {path}: no such file (expected a Python file with get_config(), e.g. "
+                         f"configs/libero_long_minivla.py)")
+    spec = importlib.util.spec_from_file_location(f"vla_sft_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise ValueError(f"--config {path}: no get_config() function")
+    values = dict(module.get_config())
+    unknown = sorted(set(values) - dests)
+    if unknown:
+        raise ValueError(f"--config {path}: unknown field(s) {unknown}; expected flags of vla_sft.py: {sorted(dests)}")
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--demos", type=pathlib.Path, required=True, help="folder of Episode .npz files (build_demos --out)")
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", type=pathlib.Path, default=None,
+                     help="a Python file whose get_config() sets this script's flags (explicit flags win), e.g. "
+                          "configs/libero_long_minivla.py")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], parents=[pre])
+    p.add_argument("--demos", type=pathlib.Path, default=None, help="folder of Episode .npz files (build_demos --out)")
+    p.add_argument("--backbone", type=pathlib.Path, default=None,
+                   help="an HF checkpoint folder (weights + tokenizer, e.g. Qwen2.5-0.5B) as the backbone; the "
+                        "preset then sizes the ViT only (default: the preset's backbone from scratch)")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("/tmp/wmrl/vla_sft"))
     p.add_argument("--steps", type=int, default=2000, help="optimizer updates")
     p.add_argument("--batch", type=int, default=32, help="samples per update")
@@ -58,7 +89,18 @@ def parse_args(argv=None):
     p.add_argument("--tokenizer", type=pathlib.Path, default=None,
                    help="an HF tokenizer folder (default: the shipped micro-world's)")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
-    return p.parse_args(argv)
+    config = pre.parse_known_args(argv)[0].config
+    if config is not None:
+        try:
+            p.set_defaults(**config_defaults(config, {a.dest for a in p._actions} - {"help", "config"}))
+        except ValueError as e:
+            p.error(str(e))
+    args = p.parse_args(argv)
+    if args.demos is None:
+        p.error("the following arguments are required: --demos (or a --config that sets demos)")
+    args.demos, args.out = pathlib.Path(args.demos), pathlib.Path(args.out)
+    args.backbone = pathlib.Path(args.backbone) if args.backbone else None
+    return args
 
 
 def main(argv=None) -> int:
@@ -83,14 +125,22 @@ def main(argv=None) -> int:
         if args.frame_stride < 1:
             raise ValueError(f"--frame_stride {args.frame_stride}: expected >= 1")
         image_size = args.image_size or demos.frame_size(args.demos, args.cameras[0])
-        tok_path = args.tokenizer or micro_world.shipped_path()
-        if not (pathlib.Path(tok_path) / "tokenizer.json").is_file() and \
-                not (pathlib.Path(tok_path) / "tokenizer_config.json").is_file():
-            raise ValueError(f"--tokenizer {tok_path}: no tokenizer.json / tokenizer_config.json (expected an HF "
-                             f"tokenizer folder)")
-        tokenizer = import_transformers().AutoTokenizer.from_pretrained(tok_path)
-        config = sft.preset(args.preset, vocab_size=sft.vocab_size_for(tokenizer), image_size=image_size,
-                            cameras=tuple(args.cameras), pad_token_id=tokenizer.pad_token_id)
+        backbone_params = None
+        if args.backbone is not None:   # a pretrained backbone with its own tokenizer
+            if args.tokenizer is not None:
+                raise ValueError("--tokenizer with --backbone: the backbone's own tokenizer is used (expected one)")
+            pretrained = sft.from_hf_backbone(args.backbone, vision_preset=args.preset, image_size=image_size,
+                                              cameras=tuple(args.cameras))
+            config, tokenizer, backbone_params = pretrained.config, pretrained.tokenizer, pretrained.backbone_params
+        else:
+            tok_path = args.tokenizer or micro_world.shipped_path()
+            if not (pathlib.Path(tok_path) / "tokenizer.json").is_file() and \
+                    not (pathlib.Path(tok_path) / "tokenizer_config.json").is_file():
+                raise ValueError(f"--tokenizer {tok_path}: no tokenizer.json / tokenizer_config.json (expected an HF "
+                                 f"tokenizer folder)")
+            tokenizer = import_transformers().AutoTokenizer.from_pretrained(tok_path)
+            config = sft.preset(args.preset, vocab_size=sft.vocab_size_for(tokenizer), image_size=image_size,
+                                cameras=tuple(args.cameras), pad_token_id=tokenizer.pad_token_id)
         samples, report = demos.load(args.demos, config, tokenizer, frame_stride=args.frame_stride)
         train_set, held_out = demos.split_by_state(samples, held)
     except (ValueError, FileNotFoundError) as e:
@@ -108,13 +158,17 @@ def main(argv=None) -> int:
           f"(states {held}{'' if len(held_out) else ': no demonstrations of them, held-out loss not measured'})")
     params0 = jax.eval_shape(lambda: vla.init(config, jax.random.key(0)))
     n_params = int(sum(np.prod(x.shape) for x in jax.tree.leaves(params0)))
-    print(f"model: preset {args.preset}, {n_params / 1e6:.2f}M parameters (Qwen2 backbone "
+    family = type(config.backbone).__name__.removesuffix("Config")
+    origin = f"pretrained {args.backbone}" if args.backbone is not None else "from scratch"
+    print(f"model: preset {args.preset}, {n_params / 1e6:.2f}M parameters ({family} backbone {origin}, "
           f"{config.backbone.hidden_size}x{config.backbone.num_layers}, vocab {config.backbone.vocab_size}; ViT "
           f"{config.vision.width}x{config.vision.num_layers}, {config.image_tokens} image tokens)")
+    params = None if backbone_params is None else \
+        vla.init(config, jax.random.key(sft_config.seed), backbone_params=backbone_params)
 
     try:
         result = sft.train(config, train_set, sft_config, out, held_out=held_out if len(held_out) else None,
-                           progress=not args.no_progress)
+                           params=params, progress=not args.no_progress)
     except ValueError as e:   # a checkpoint of another run in --out
         print(f"vla_sft: {e}", file=sys.stderr)
         return 2
@@ -129,6 +183,7 @@ def main(argv=None) -> int:
     meta = {"suite": suites[0] if len(suites) == 1 else None, "suites": suites,
             "tasks": sorted({t for _, t in samples.tasks}), "train_states": train_set.states,
             "held_out_states": held, "demos": str(args.demos), "steps": result.step, "preset": args.preset,
+            "backbone": None if args.backbone is None else str(args.backbone),
             "sft": dataclasses.asdict(sft_config), "final": final}
     sft.save_policy(policy_dir, result.params, config, tokenizer, meta)
     metrics = {**meta, "data": report, "split": {"train_samples": len(train_set), "held_out_samples": len(held_out)},

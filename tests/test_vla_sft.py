@@ -386,3 +386,122 @@ def test_launch_eval_one_real_libero_episode(sft_run):
     result = json.loads((out / "eval_libero" / "eval.json").read_text())
     assert result["episodes"] == [{"task": 0, "state": 2, "status": "failure", "steps": 3, "reason": ""}]
     assert result["tasks"]["0"]["known"] == 1 and result["tasks"]["0"]["ci_high"] < 1.0
+
+
+# --------------------------------------------------------------------------------------------- pretrained backbone
+
+
+def save_tiny_qwen2(path, tokenizer, *, vocab_size, tie):
+    """A random transformers Qwen2ForCausalLM with `vocab_size` embedding rows, saved with `tokenizer`."""
+    import transformers
+    from helpers_hf import build_tiny_lm
+
+    hf_config = transformers.Qwen2Config(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, rope_theta=5000.0, max_position_embeddings=512, tie_word_embeddings=tie,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    hf = build_tiny_lm(transformers.Qwen2ForCausalLM, hf_config, seed=5)
+    hf.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return hf
+
+
+def backbone_logits(pretrained, tokens):
+    from wmrl_jax.models import Model
+
+    c = pretrained.config
+    return np.asarray(Model(config=c.backbone, params=pretrained.backbone_params, family=c.family).logits(tokens))
+
+
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_hf_backbone_with_padding_keeps_every_row(tmp_path, tokenizer, tie):
+    """Qwen2.5's layout: padding rows past the tokenizer hold the 256 action ids; the weights are the checkpoint's."""
+    from helpers_hf import hf_logits
+
+    vocab = len(tokenizer) + 300
+    hf = save_tiny_qwen2(tmp_path, tokenizer, vocab_size=vocab, tie=tie)
+    p = sft.from_hf_backbone(tmp_path, vision_preset="tiny", image_size=SIZE, cameras=CAMERAS)
+    assert p.grown == 0 and p.config.backbone.vocab_size == vocab and type(p.config.backbone) is qwen2.Qwen2Config
+    ids = np.asarray(p.config.tokenizer.encode(np.zeros((1, 7))))
+    assert ids.min() >= len(tokenizer) and ids.max() < vocab   # above every text id, inside the embedding
+    np.testing.assert_array_equal(np.asarray(p.backbone_params["embed_vd"]),
+                                  hf.model.embed_tokens.weight.detach().numpy())
+    tokens = np.asarray([tokenizer.encode("Put object 1 in the basket")])
+    np.testing.assert_allclose(backbone_logits(p, tokens), hf_logits(hf, tokens), atol=2e-4, rtol=2e-4)
+    params = vla.init(p.config, jax.random.key(0), backbone_params=p.backbone_params)
+    assert params["backbone"] is p.backbone_params
+
+
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_hf_backbone_without_room_grows_256_mean_rows(tmp_path, tokenizer, tie):
+    """No room above the text ids: 256 rows appended (embedding and an untied head), each the text rows' mean;
+    the checkpoint's own logits are unchanged."""
+    from helpers_hf import hf_logits
+
+    vocab = len(tokenizer) + 10
+    hf = save_tiny_qwen2(tmp_path, tokenizer, vocab_size=vocab, tie=tie)
+    p = sft.from_hf_backbone(tmp_path, vision_preset="tiny", image_size=SIZE, cameras=CAMERAS)
+    assert p.grown == 256 and p.config.backbone.vocab_size == vocab + 256 and p.config.backbone.token_count is None
+    embed = np.asarray(p.backbone_params["embed_vd"])
+    hf_embed = hf.model.embed_tokens.weight.detach().numpy()
+    np.testing.assert_array_equal(embed[:vocab], hf_embed)
+    np.testing.assert_allclose(embed[vocab:], np.broadcast_to(hf_embed[:len(tokenizer)].mean(0), (256, 32)), atol=1e-6)
+    assert ("lm_head_dv" in p.backbone_params) != tie
+    if not tie:
+        head = np.asarray(p.backbone_params["lm_head_dv"])
+        np.testing.assert_array_equal(head[:, :vocab], hf.lm_head.weight.detach().numpy().T)
+    ids = np.asarray(p.config.tokenizer.encode(np.ones((1, 7))))
+    assert ids.min() >= vocab and ids.max() < vocab + 256
+    tokens = np.asarray([tokenizer.encode("Put object 1 in the basket")])
+    np.testing.assert_allclose(backbone_logits(p, tokens)[..., :vocab], hf_logits(hf, tokens), atol=2e-4, rtol=2e-4)
+
+
+def test_hf_backbone_refusals(tmp_path, tokenizer):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        sft.from_hf_backbone(tmp_path / "none", vision_preset="tiny", image_size=SIZE)
+    save_tiny_qwen2(tmp_path, tokenizer, vocab_size=len(tokenizer) + 300, tie=True)
+    with pytest.raises(ValueError, match=r"vision preset 'huge': expected one of \['small', 'tiny'\]"):
+        sft.from_hf_backbone(tmp_path, vision_preset="huge", image_size=SIZE)
+    with pytest.raises(ValueError, match="image_size=18: expected a multiple of 4"):
+        sft.from_hf_backbone(tmp_path, vision_preset="tiny", image_size=18)
+    (tmp_path / "tokenizer.json").unlink()
+    (tmp_path / "tokenizer_config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="no tokenizer.json / tokenizer_config.json"):
+        sft.from_hf_backbone(tmp_path, vision_preset="tiny", image_size=SIZE)
+
+
+def test_launch_sft_with_a_config_and_a_pretrained_backbone(tmp_path, tokenizer):
+    """vla_sft --config (a file in configs/' form) --backbone: the policy keeps the checkpoint's vocabulary,
+    tokenizer and (before training) weights; vla_eval's loader reads it back."""
+    backbone = tmp_path / "qwen2"
+    save_tiny_qwen2(backbone, tokenizer, vocab_size=len(tokenizer) + 300, tie=True)
+    folder = demo_folder(tmp_path / "demos")
+    cfg = tmp_path / "my_config.py"
+    cfg.write_text("import ml_collections\n\ndef get_config():\n    c = ml_collections.ConfigDict()\n"
+                   f"    c.demos = {str(folder)!r}\n    c.held_out_states = '2'\n    c.preset = 'tiny'\n"
+                   "    c.steps = 2\n    c.batch = 4\n    c.lr = 1e-3\n    c.warmup = 0\n    c.cameras = ('agentview', 'wrist')\n"
+                   "    return c\n")
+    out = tmp_path / "out"
+    r = _run("vla_sft.py", "--config", cfg, "--backbone", backbone, "--out", out, "--steps", 3, "--no_progress")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"Qwen2 backbone pretrained {backbone}" in r.stdout and "16 train samples" in r.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert len(metrics["history"]["loss"]) == 3   # the flag beats the config's 2
+    assert metrics["backbone"] == str(backbone) and metrics["held_out_states"] == [2]
+    policy = sft.load_policy(out)
+    assert policy.config.backbone.vocab_size == len(tokenizer) + 300 and len(policy.tokenizer) == len(tokenizer)
+    assert policy.config.tokenizer.vocab_size == len(tokenizer) + 300
+
+    cfg.write_text("import ml_collections\n\ndef get_config():\n    return ml_collections.ConfigDict({'demo': 'x'})\n")
+    bad = _run("vla_sft.py", "--config", cfg, "--out", tmp_path / "out2")
+    assert bad.returncode == 2 and "unknown field(s) ['demo']" in bad.stderr
+    bad = _run("vla_sft.py", "--demos", folder, "--backbone", backbone, "--tokenizer", backbone, "--out", tmp_path / "o3")
+    assert bad.returncode == 2 and "--tokenizer with --backbone" in bad.stderr
+    assert not (tmp_path / "out2").exists() and not (tmp_path / "o3").exists()
+
+
+def test_the_minivla_config_names_only_vla_sft_flags(launch_script):
+    """configs/libero_long_minivla.py's keys are vla_sft.py's flags (a typo would be refused at launch)."""
+    args = launch_script("vla_sft").parse_args(["--config", str(ROOT / "configs" / "libero_long_minivla.py")])
+    assert args.preset == "small" and args.cameras == ["agentview", "wrist"] and args.held_out_states == "40-49"
+    assert str(args.backbone).endswith("Qwen2.5-0.5B") and args.steps == 10_000

@@ -84,6 +84,71 @@ def preset(name: str, *, vocab_size: int, image_size: int, cameras=("agentview",
     return vla.Config(backbone=backbone, vision=vis, cameras=cameras)
 
 
+class Pretrained(NamedTuple):
+    """A VLA around a pretrained HF backbone (`from_hf_backbone`): its config, the backbone's params (pass them
+    to `vla.init(..., backbone_params=)` or `train(params=)`), the backbone's tokenizer, and `grown`: the
+    action rows appended to the vocabulary (0 when the checkpoint's padding rows held them)."""
+
+    config: vla.Config
+    backbone_params: dict
+    tokenizer: Any
+    grown: int
+
+
+def from_hf_backbone(path, *, vision_preset: str, image_size: int, cameras=("agentview", "wrist"),
+                     n_bins: int = 256) -> Pretrained:
+    """A VLA whose backbone is the HF checkpoint at `path` (any registered family: MiniVLA's Qwen2.5-0.5B is
+    a `qwen2`), loaded through `models.load_hf`, with its own tokenizer; the ViT is `vision_preset`'s, from
+    scratch (the preset's backbone shape is not used).
+
+    The action ids are the last `n_bins` ids of the vocabulary and must lie above every text id. Qwen2.5's
+    checkpoints pad their embedding past the tokenizer (0.5B: 151,936 rows for 151,665 ids), so the 256 action
+    ids fit in rows no text id reaches and nothing changes shape. Otherwise `n_bins` rows are appended to the
+    embedding (and an untied LM head), each the mean of the text ids' rows, and they are the action ids
+    (`grown` = n_bins).
+    """
+    from wmrl_jax import models
+    from wmrl_jax.models.tokenizer import import_transformers
+
+    path = pathlib.Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"backbone {path}: no config.json (expected an HF checkpoint folder, e.g. "
+                                f"Qwen2.5-0.5B's)")
+    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+        raise FileNotFoundError(f"backbone {path}: no tokenizer.json / tokenizer_config.json (the VLA reads its "
+                                f"instructions with the backbone's own tokenizer, saved beside the weights)")
+    if vision_preset not in PRESETS:
+        raise ValueError(f"vision preset {vision_preset!r}: expected one of {sorted(PRESETS)}")
+    grid = PRESETS[vision_preset]["grid"]
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < grid or image_size % grid:
+        raise ValueError(f"image_size={image_size!r}: expected a multiple of {grid} (preset {vision_preset!r} cuts "
+                         f"each frame into {grid}x{grid} patches)")
+    tokenizer = import_transformers().AutoTokenizer.from_pretrained(path)
+    model = models.load_hf(path, dtype="float32")
+    backbone, params = model.config, dict(model.params)
+    n_text = len(tokenizer)
+    if n_text > backbone.vocab_size:
+        raise ValueError(f"backbone {path}: its tokenizer has {n_text} ids but the embedding {backbone.vocab_size} "
+                         f"rows (expected a tokenizer no larger than the checkpoint's vocabulary)")
+    top = backbone.vocab_size if backbone.token_count is None else backbone.token_count
+    grown = 0
+    if n_text > top - n_bins:   # no room above the text ids: n_bins rows appended, the action ids
+        grown, top = n_bins, backbone.vocab_size + n_bins
+
+        def grow(w, axis):
+            mean = jnp.mean(w[:n_text] if axis == 0 else w[:, :n_text], axis=axis, keepdims=True)
+            return jnp.concatenate([w, jnp.repeat(mean, grown, axis=axis)], axis=axis)
+
+        params["embed_vd"] = grow(params["embed_vd"], 0)
+        if "lm_head_dv" in params:
+            params["lm_head_dv"] = grow(params["lm_head_dv"], 1)
+        backbone = dataclasses.replace(backbone, vocab_size=top, token_count=None)
+    vis = vision.VisionConfig(image_size=image_size, patch_size=image_size // grid, num_cameras=len(tuple(cameras)),
+                              **PRESETS[vision_preset]["vit"])
+    config = vla.Config(backbone=backbone, vision=vis, cameras=tuple(cameras), n_bins=n_bins, action_vocab_size=top)
+    return Pretrained(config=config, backbone_params=params, tokenizer=tokenizer, grown=grown)
+
+
 # --------------------------------------------------------------------------- config and params on disk
 
 def _family_name(backbone) -> str:
