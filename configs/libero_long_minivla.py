@@ -31,9 +31,9 @@ def get_config():
     c.held_out_states = "40-49"           # 10 of each task's 50 initial states never train: vla_eval's default
     c.preset = "small"                    # the ViT: 8x8 patches, width 192, 4 layers
     c.cameras = ("agentview", "wrist")    # MiniVLA's two images (third-person and wrist)
-    # 7 tasks x 40 states x ~270 recorded frames (the expert's mean steps) ~ 76k samples: 10k updates of 32 ~ 4 epochs. Full fine-tuning
-    # (no LoRA: MiniVLA's LoRA runs use 5e-4 on the adapters only) with a fresh ViT and projector: 1e-4 peak,
-    # 500 warm-up updates, cosine to 1e-5.
+    # 7 tasks x 40 states x ~270 recorded frames (the expert's mean steps) ~ 76k samples: 10k updates of 32
+    # ~ 4 epochs. Full fine-tuning (no LoRA: MiniVLA's LoRA runs use 5e-4 on the adapters only) with a fresh
+    # ViT and projector: 1e-4 peak, 500 warm-up updates, cosine to 1e-5.
     c.steps = 10_000
     c.batch = 32
     c.lr = 1e-4

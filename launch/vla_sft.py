@@ -133,11 +133,7 @@ def main(argv=None) -> int:
                                               cameras=tuple(args.cameras))
             config, tokenizer, backbone_params = pretrained.config, pretrained.tokenizer, pretrained.backbone_params
         else:
-            tok_path = args.tokenizer or micro_world.shipped_path()
-            if not (pathlib.Path(tok_path) / "tokenizer.json").is_file() and \
-                    not (pathlib.Path(tok_path) / "tokenizer_config.json").is_file():
-                raise ValueError(f"--tokenizer {tok_path}: no tokenizer.json / tokenizer_config.json (expected an HF "
-                                 f"tokenizer folder)")
+            tok_path = sft.check_tokenizer_folder(args.tokenizer or micro_world.shipped_path(), "--tokenizer")
             tokenizer = import_transformers().AutoTokenizer.from_pretrained(tok_path)
             config = sft.preset(args.preset, vocab_size=sft.vocab_size_for(tokenizer), image_size=image_size,
                                 cameras=tuple(args.cameras), pad_token_id=tokenizer.pad_token_id)

@@ -460,7 +460,7 @@ def test_hf_backbone_refusals(tmp_path, tokenizer):
     with pytest.raises(FileNotFoundError, match="no config.json"):
         sft.from_hf_backbone(tmp_path / "none", vision_preset="tiny", image_size=SIZE)
     save_tiny_qwen2(tmp_path, tokenizer, vocab_size=len(tokenizer) + 300, tie=True)
-    with pytest.raises(ValueError, match=r"vision preset 'huge': expected one of \['small', 'tiny'\]"):
+    with pytest.raises(ValueError, match=r"preset 'huge': expected one of \['small', 'tiny'\]"):
         sft.from_hf_backbone(tmp_path, vision_preset="huge", image_size=SIZE)
     with pytest.raises(ValueError, match="image_size=18: expected a multiple of 4"):
         sft.from_hf_backbone(tmp_path, vision_preset="tiny", image_size=18)

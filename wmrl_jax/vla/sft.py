@@ -67,21 +67,35 @@ def vocab_size_for(tokenizer, n_bins: int = 256) -> int:
     return len(tokenizer) + n_bins
 
 
-def preset(name: str, *, vocab_size: int, image_size: int, cameras=("agentview", "wrist"),
-           pad_token_id: int | None = None) -> vla.Config:
-    """The `vla.model.Config` of a preset (`PRESETS`) for frames of `image_size` pixels and `cameras`."""
+def _vision(name: str, image_size: int, cameras) -> vision.VisionConfig:
+    """Preset `name`'s ViT for frames of `image_size` pixels from `cameras`; a clear error for a bad size."""
     if name not in PRESETS:
         raise ValueError(f"preset {name!r}: expected one of {sorted(PRESETS)}")
-    p = PRESETS[name]
-    grid = p["grid"]
+    grid = PRESETS[name]["grid"]
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < grid or image_size % grid:
         raise ValueError(f"image_size={image_size!r}: expected a multiple of {grid} (preset {name!r} cuts each "
                          f"frame into {grid}x{grid} patches)")
+    return vision.VisionConfig(image_size=image_size, patch_size=image_size // grid, num_cameras=len(cameras),
+                               **PRESETS[name]["vit"])
+
+
+def preset(name: str, *, vocab_size: int, image_size: int, cameras=("agentview", "wrist"),
+           pad_token_id: int | None = None) -> vla.Config:
+    """The `vla.model.Config` of a preset (`PRESETS`) for frames of `image_size` pixels and `cameras`."""
     cameras = tuple(cameras)
-    vis = vision.VisionConfig(image_size=image_size, patch_size=image_size // grid, num_cameras=len(cameras),
-                              **p["vit"])
-    backbone = qwen2.Qwen2Config(vocab_size=vocab_size, pad_token_id=pad_token_id, **p["backbone"])
+    vis = _vision(name, image_size, cameras)
+    backbone = qwen2.Qwen2Config(vocab_size=vocab_size, pad_token_id=pad_token_id, **PRESETS[name]["backbone"])
     return vla.Config(backbone=backbone, vision=vis, cameras=cameras)
+
+
+def check_tokenizer_folder(folder, what: str) -> pathlib.Path:
+    """`folder` if it holds an HF tokenizer (tokenizer.json or tokenizer_config.json), else FileNotFoundError
+    naming `what` (the flag or role) and what was expected."""
+    folder = pathlib.Path(folder)
+    if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
+        raise FileNotFoundError(f"{what} {folder}: no tokenizer.json / tokenizer_config.json (expected an HF "
+                                f"tokenizer folder)")
+    return folder
 
 
 class Pretrained(NamedTuple):
@@ -114,15 +128,9 @@ def from_hf_backbone(path, *, vision_preset: str, image_size: int, cameras=("age
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"backbone {path}: no config.json (expected an HF checkpoint folder, e.g. "
                                 f"Qwen2.5-0.5B's)")
-    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
-        raise FileNotFoundError(f"backbone {path}: no tokenizer.json / tokenizer_config.json (the VLA reads its "
-                                f"instructions with the backbone's own tokenizer, saved beside the weights)")
-    if vision_preset not in PRESETS:
-        raise ValueError(f"vision preset {vision_preset!r}: expected one of {sorted(PRESETS)}")
-    grid = PRESETS[vision_preset]["grid"]
-    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < grid or image_size % grid:
-        raise ValueError(f"image_size={image_size!r}: expected a multiple of {grid} (preset {vision_preset!r} cuts "
-                         f"each frame into {grid}x{grid} patches)")
+    check_tokenizer_folder(path, "backbone")   # the VLA reads its instructions with the backbone's own tokenizer
+    cameras = tuple(cameras)
+    vis = _vision(vision_preset, image_size, cameras)
     tokenizer = import_transformers().AutoTokenizer.from_pretrained(path)
     model = models.load_hf(path, dtype="float32")
     backbone, params = model.config, dict(model.params)
@@ -143,9 +151,7 @@ def from_hf_backbone(path, *, vision_preset: str, image_size: int, cameras=("age
         if "lm_head_dv" in params:
             params["lm_head_dv"] = grow(params["lm_head_dv"], 1)
         backbone = dataclasses.replace(backbone, vocab_size=top, token_count=None)
-    vis = vision.VisionConfig(image_size=image_size, patch_size=image_size // grid, num_cameras=len(tuple(cameras)),
-                              **PRESETS[vision_preset]["vit"])
-    config = vla.Config(backbone=backbone, vision=vis, cameras=tuple(cameras), n_bins=n_bins, action_vocab_size=top)
+    config = vla.Config(backbone=backbone, vision=vis, cameras=cameras, n_bins=n_bins, action_vocab_size=top)
     return Pretrained(config=config, backbone_params=params, tokenizer=tokenizer, grown=grown)
 
 
