@@ -85,6 +85,15 @@ def test_table_and_plots_from_finished_runs(tmp_path):
     assert claims["2a"]["mean"] == pytest.approx(-85.0) and claims["2a"]["verdict"] == "reproduced"
     # Paired with the seed's own base evaluation: (0.10 - 0.05, 0.20 - 0.07).
     assert claims["0"]["mean"] == pytest.approx(0.09) and claims["0"]["verdict"] == "reproduced"
+    # The world model on the wmrl runs' anchor rollouts (no config.json: a step's pairs are one group).
+    fid = data["arms"]["wmrl"]["anchor_fidelity"]
+    from scipy import stats
+
+    wm, real = [0.1, 0.6, 0.2, 0.9, 0.6], [0.0, 0.7, 0.1, 0.6, 0.55]
+    assert (fid["runs"], fid["pairs"]) == (2, 10) and "anchor_fidelity" not in data["arms"]["real"]
+    assert fid["spearman"] == pytest.approx(stats.spearmanr(wm, real).statistic)
+    # Per run 3 groups: none of 3 or more pairs (no within-group Spearman), the 1-pair one all alike.
+    assert f"| `wmrl` | 2 | 10 | {fid['spearman']:.3f} | nan | 33 |" in table
     assert "| 1 | WMRL >= real-environment GRPO on held-out avg@2 (`wmrl` - `real`, n=2) | +5.00 pts | " \
            "[-10.00, +20.00] | 1+/1-, p=1.000 | **inconclusive** |" in table
 
@@ -156,6 +165,28 @@ def test_reliability_bins_by_hand():
     np.testing.assert_allclose(bx, [np.mean([0.05, 0.08, -0.1]), 0.55, np.mean([0.95, 1.2])])
     np.testing.assert_allclose(by, [0.1, 0.5, 0.9])
     assert bn.tolist() == [3, 1, 2]
+
+
+def test_anchor_fidelity_by_hand():
+    from scipy import stats
+
+    records = {1: {"wm": [0.1, 0.5, 0.3, 0.9, 0.7, 0.7, 0.7, 0.7], "real": [0.0, 0.6, 0.2, 0.5, 0.1, 0.9, 0.3, 0.4]},
+               2: {"wm": [0.2, 0.4, 0.6, 0.8], "real": [0.3, 0.3, 0.3, 0.3]}}
+    f = compare.anchor_fidelity(records, group_size=4)
+    wm = records[1]["wm"] + records[2]["wm"]
+    real = records[1]["real"] + records[2]["real"]
+    assert (f["pairs"], f["groups"]) == (12, 3)
+    assert f["spearman"] == pytest.approx(stats.spearmanr(wm, real).statistic)
+    assert f["rmse"] == pytest.approx(np.sqrt(np.mean((np.array(wm) - np.array(real)) ** 2)))
+    # Group 1 ranks 3 of 4 alike with the real rewards (Spearman 0.8); group 2 is all alike to the world model
+    # and group 3 to the sandbox: neither has a ranking to compare.
+    assert f["within_group_spearman"] == pytest.approx(0.8) and f["within_group_n"] == 1
+    assert f["wm_flat_groups"] == pytest.approx(1 / 3)
+    whole = compare.anchor_fidelity(records)   # no group size: a step's pairs are one group
+    assert whole["groups"] == 2 and whole["within_group_spearman"] == pytest.approx(
+        stats.spearmanr(records[1]["wm"], records[1]["real"]).statistic)
+    empty = compare.anchor_fidelity({})
+    assert empty["pairs"] == 0 and np.isnan(empty["spearman"]) and np.isnan(empty["wm_flat_groups"])
 
 
 def test_pairs_log_keeps_the_last_line_of_a_repeated_step(tmp_path):

@@ -136,6 +136,23 @@ def test_learning_curve_points_and_shared_prompt_batches(tmp_path, monkeypatch):
         loop.read_curve(tmp_path / "curve")
 
 
+def test_curve_evaluations_leave_the_training_unchanged(tmp_path):
+    """An evaluation along the curve samples with its own seed and touches neither the run's key, its task
+    cursor nor its state: a run with `eval_every` trains the same policy as one without (so a comparison may
+    take a curve run's final policy for the run without a curve; docs/results.md does)."""
+    common = {"steps": 2, "rewards.mode": "real", "eval_attempts": 1}
+    without = loop.train(small_config(tmp_path / "plain", **common), progress=False)
+    with_curve = loop.train(small_config(tmp_path / "curve", eval_every=1, **common), progress=False)
+    assert sorted(loop.read_curve(tmp_path / "curve")) == [0, 1, 2]
+    assert not loop.read_curve(tmp_path / "plain")
+    from wmrl_jax.models import load_hf
+
+    pa, pb = load_hf(tmp_path / "plain" / "export").params, load_hf(tmp_path / "curve" / "export").params
+    assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)))
+    assert without.eval_after["score"] == with_curve.eval_after["score"]
+    assert without.counters.tokens_generated == with_curve.counters.tokens_generated
+
+
 def test_a_given_evaluation_of_the_untrained_policy_must_be_this_runs(tmp_path):
     """`eval_before.json` is taken only when it is what the run would compute; otherwise refused, naming why."""
     import types

@@ -328,7 +328,8 @@ def collect(spec: CompareSpec) -> dict:
                          "ungraded_real": c["ungraded_real"], "ungraded_wm": c["ungraded_wm"],
                          "final": summary.get("final", {}), "eval_seconds": ev["seconds"],
                          "eval_sandbox_cpu_s": ev["sandbox_cpu_s"],
-                         "curve": {str(k): v for k, v in loop.read_curve(d).items()}})
+                         "curve": {str(k): v for k, v in loop.read_curve(d).items()},
+                         "anchor_fidelity": anchor_fidelity(read_pairs(d), _group_size(d))})
     arms = {}
     for arm in spec.arms:
         rs = [r for r in runs if r["arm"] == arm]
@@ -340,6 +341,11 @@ def collect(spec: CompareSpec) -> dict:
             m, s = _mean_sd([r[key] for r in rs])
             arms[arm][key], arms[arm][key + "_sd"] = m, s
         arms[arm]["total_cpu_s"] = arms[arm]["sandbox_cpu_s"] + arms[arm]["trainer_cpu_s"]
+        fid = [r["anchor_fidelity"] for r in rs if r["anchor_fidelity"]["pairs"]]
+        if fid:   # the world model on this arm's anchor rollouts: mean over the runs that have pairs
+            arms[arm]["anchor_fidelity"] = {"runs": len(fid), "pairs": sum(f["pairs"] for f in fid), **{
+                key: _mean_sd([f[key] for f in fid])[0]
+                for key in ("spearman", "rmse", "within_group_spearman", "wm_flat_groups")}}
         for key in ("score", "sandbox_cpu_s"):   # the 95 % percentile bootstrap interval of the mean over seeds
             arms[arm][key + "_low"], arms[arm][key + "_high"] = _mean_ci([r[key] for r in rs])
     if "real" in arms:
@@ -351,6 +357,12 @@ def collect(spec: CompareSpec) -> dict:
     data["claims"] = claims(data)
     data["curves"] = learning_curves(data)
     return data
+
+
+def _group_size(run_dir: pathlib.Path) -> int | None:
+    """The run's rollouts per group (its config.json), None when it kept no config."""
+    config = _read_json(run_dir / "config.json")
+    return None if config is None else int(config["rollout"]["group_size"])
 
 
 def collect_base(spec: CompareSpec) -> dict | None:
@@ -503,6 +515,16 @@ def format_report(data: dict) -> str:
         text += ["The paper's claims, paired by seed (percentile bootstrap over seeds; exact two-sided sign test; "
                  "reproduced when the interval lies on the claimed side of 0, not reproduced when wholly on the "
                  "other, else inconclusive):", "", format_claims(data), ""]
+    fid = {arm: a["anchor_fidelity"] for arm, a in data["arms"].items() if "anchor_fidelity" in a}
+    if fid:
+        text += ["The world model on the anchor rollouts, in the runs (raw world-model reward vs the real one, "
+                 "mean over the arm's runs; within-group: each anchor group's ranking, what GRPO's advantage "
+                 "uses):", "",
+                 "| arm | runs | pairs | Spearman, pooled | within-group Spearman | groups the WM scores alike (%) "
+                 "| RMSE |", "|---|---|---|---|---|---|---|"]
+        text += [f"| `{arm}` | {f['runs']} | {f['pairs']} | {f['spearman']:.3f} | {f['within_group_spearman']:.3f} | "
+                 f"{100 * f['wm_flat_groups']:.0f} | {f['rmse']:.3f} |" for arm, f in fid.items()]
+        text.append("")
     if data.get("curves"):
         text += [f"Learning curves (held-out avg@{k}, percent; mean over seeds, and the paired change since step 0 "
                  f"with its 95 % CI; `learning_curves.png`):", "",
@@ -599,6 +621,36 @@ def read_pairs(run_dir) -> dict[int, dict]:
                 r = json.loads(line)
                 records[int(r["step"])] = r
     return records
+
+
+def anchor_fidelity(records: dict[int, dict], group_size: int | None = None) -> dict:
+    """How the world model's reward agreed with the real one on a run's anchor rollouts (`read_pairs`).
+
+    Pooled over every pair: Spearman and the raw reward's RMSE. Within each anchor group (consecutive
+    `group_size` pairs of a step; None: a step's pairs are one group), the ranking GRPO's group-centred
+    advantage uses: the mean Spearman over the groups where both rewards vary, and the share of groups
+    whose world-model rewards are all equal (no advantage from the world model there). Numbers are nan
+    where nothing qualifies."""
+    from wmrl_jax.fidelity import spearman
+
+    wm, real, within, flat, groups = [], [], [], 0, 0
+    for r in records.values():
+        x, y = list(r["wm"]), list(r["real"])
+        wm += x
+        real += y
+        size = group_size or len(x)
+        for lo in range(0, len(x), size):
+            gx, gy = x[lo:lo + size], y[lo:lo + size]
+            groups += 1
+            flat += int(np.ptp(gx) == 0)
+            rho = spearman(gx, gy)
+            if np.isfinite(rho):
+                within.append(rho)
+    wm_a, real_a = np.asarray(wm, np.float64), np.asarray(real, np.float64)
+    return {"pairs": len(wm), "groups": groups, "spearman": spearman(wm, real) if wm else float("nan"),
+            "rmse": float(np.sqrt(np.mean((wm_a - real_a) ** 2))) if wm else float("nan"),
+            "within_group_spearman": float(np.mean(within)) if within else float("nan"),
+            "within_group_n": len(within), "wm_flat_groups": flat / groups if groups else float("nan")}
 
 
 def reliability(wm: np.ndarray, real: np.ndarray, bins: int = 10) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -809,5 +861,5 @@ def write_report_files(spec: CompareSpec) -> dict:
     return data
 
 
-__all__ = ["ARMS", "CompareSpec", "base_dir", "calibration_windows", "collect", "collect_base", "format_report", "format_table",
+__all__ = ["ARMS", "CompareSpec", "anchor_fidelity", "base_dir", "calibration_windows", "collect", "collect_base", "format_report", "format_table",
            "read_pairs", "reliability", "run_compare", "run_config", "run_finished", "write_report_files"]
