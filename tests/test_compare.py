@@ -95,7 +95,7 @@ def test_table_and_plots_from_finished_runs(tmp_path):
     # Per run 3 groups: none of 3 or more pairs (no within-group Spearman), the 1-pair one all alike.
     assert f"| `wmrl` | 2 | 10 | {fid['spearman']:.3f} | nan | 33 |" in table
     assert "| 1 | WMRL >= real-environment GRPO on held-out avg@2 (`wmrl` - `real`, n=2) | +5.00 pts | " \
-           "[-10.00, +20.00] | 1+/1-, p=1.000 | **inconclusive** |" in table
+           "[-10.00, +20.00] | 1+/1-, p=1.000 | p=0.795 | **inconclusive** |" in table
 
 
 def test_learning_curves_from_the_runs_curve_files(tmp_path):

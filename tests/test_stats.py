@@ -1,5 +1,5 @@
-"""wmrl_jax.stats against scipy and statsmodels: the exact sign test, the percentile bootstrap interval, the Wilson
-interval; verdicts by hand."""
+"""wmrl_jax.stats against scipy and statsmodels: the exact sign test, the percentile bootstrap interval, the paired
+t-test, the Wilson interval; verdicts by hand."""
 
 from __future__ import annotations
 
@@ -23,6 +23,20 @@ def test_five_seeds_all_one_way_give_the_smallest_sign_p():
     assert stats.sign_test([0, 0]) == 1.0
 
 
+@pytest.mark.parametrize("d", [[0.1, 0.2, 0.05, 0.3, 0.01], [0.1, -0.2, 0.05, 0.3, -0.01], [3.0, -1.0]])
+def test_t_test_equals_statsmodels(d):
+    from statsmodels.stats.weightstats import DescrStatsW
+
+    _, p, _ = DescrStatsW(np.asarray(d)).ttest_mean(0.0)
+    assert stats.t_test(d) == pytest.approx(p, rel=1e-10)
+    assert stats.paired_bootstrap(d, np.zeros(len(d))).t_p == pytest.approx(p, rel=1e-10)
+
+
+def test_t_test_edges():
+    assert np.isnan(stats.t_test([0.3]))                                  # one seed: no spread to test against
+    assert stats.t_test([0.2, 0.2, 0.2]) == 0.0 and stats.t_test([0.0, 0.0]) == 1.0   # sd 0
+
+
 def test_bootstrap_interval_equals_scipy_percentile_bootstrap():
     d = np.random.default_rng(3).normal(0.05, 0.1, size=14)
     low, high = stats.bootstrap_mean_ci(d, resamples=40_000, seed=1)
@@ -43,7 +57,7 @@ def test_paired_bootstrap_and_verdicts():
     assert stats.verdict(p, "greater", margin=0.1) == "not reproduced"
     mixed = stats.paired_bootstrap([0.5, 0.6, 0.4], [0.55, 0.5, 0.45])
     assert stats.verdict(mixed) == "inconclusive"
-    assert "95 % CI, n=5" in str(p) and "sign 5+/0-" in str(p)
+    assert "95 % CI, n=5" in str(p) and "sign 5+/0-" in str(p) and "t-test p=0.005" in str(p)
 
 
 def test_bad_input_names_what_is_wrong():

@@ -461,13 +461,13 @@ def format_claims(data: dict) -> str:
     if not rows:
         return ""
     k = data["spec"]["attempts"]
-    lines = [f"| # | claim | difference (a - b) | {100 * rows[0]['level']:.0f} % CI | sign test | verdict | paper |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"| # | claim | difference (a - b) | {100 * rows[0]['level']:.0f} % CI | sign test | t-test | verdict | "
+             f"paper |", "|---|---|---|---|---|---|---|---|"]
     for c in rows:
         scale, unit = (100.0, " pts") if c["metric"] == "score" else (1.0, " s")
         lines.append(f"| {c['id']} | {c['claim'].replace('avg@k', f'avg@{k}')} (`{c['a']}` - `{c['b']}`, "
                      f"n={c['n']}) | {scale * c['mean']:+.2f}{unit} | [{scale * c['low']:+.2f}, "
-                     f"{scale * c['high']:+.2f}] | {c['positive']}+/{c['negative']}-, p={c['sign_p']:.3f} | "
+                     f"{scale * c['high']:+.2f}] | {c['positive']}+/{c['negative']}-, p={c['sign_p']:.3f} | p={c['t_p']:.3f} | "
                      f"**{c['verdict']}** | {c['paper']} |")
     return "\n".join(lines) + "\n"
 
@@ -513,8 +513,8 @@ def format_report(data: dict) -> str:
             format_table(data), ""]
     if data.get("claims"):
         text += ["The paper's claims, paired by seed (percentile bootstrap over seeds; exact two-sided sign test; "
-                 "reproduced when the interval lies on the claimed side of 0, not reproduced when wholly on the "
-                 "other, else inconclusive):", "", format_claims(data), ""]
+                 "paired t-test, two-sided; reproduced when the interval lies on the claimed side of 0, not "
+                 "reproduced when wholly on the other, else inconclusive):", "", format_claims(data), ""]
     fid = {arm: a["anchor_fidelity"] for arm, a in data["arms"].items() if "anchor_fidelity" in a}
     if fid:
         text += ["The world model on the anchor rollouts, in the runs (raw world-model reward vs the real one, "

@@ -13,6 +13,10 @@ paired: it works on the per-seed differences ``d_s = a_s - b_s``.
   positive as negative" (ties dropped): no assumption on d's distribution.
   With 5 seeds its smallest p-value is 2 / 32 = 0.0625: five seeds cannot
   pass it at 0.05 alone, which is why the verdict reads the interval.
+* `t_test` -- the paired Student t-test's two-sided p-value, beside them as
+  a check on the interval: the percentile bootstrap of 5 seeds is narrower
+  than a t-interval (it ignores the uncertainty of the seeds' spread), so a
+  claim whose interval just excludes 0 reads with its t p-value.
 * `verdict` -- "reproduced" when the interval lies on the claimed side of 0,
   "not reproduced" when it lies wholly on the other side, "inconclusive"
   otherwise.
@@ -24,7 +28,7 @@ success over initial states):
   which stays inside [0, 1] and is not empty at 0 / n or n / n (where the
   normal-approximation interval collapses to a point).
 
-Pure numpy; `tests/test_stats.py` checks against scipy and statsmodels.
+Numpy, and scipy for the t distribution; `tests/test_stats.py` checks against scipy and statsmodels.
 """
 
 from __future__ import annotations
@@ -51,10 +55,11 @@ class Paired:
     positive: int        # seeds with d > 0
     negative: int        # seeds with d < 0
     sign_p: float        # exact two-sided sign test
+    t_p: float = float("nan")   # paired t-test, two-sided (nan with one seed)
 
     def __str__(self) -> str:
         return (f"{self.mean:+.4f} [{self.low:+.4f}, {self.high:+.4f}] ({100 * self.level:.0f} % CI, n={self.n}; "
-                f"sign {self.positive}+/{self.negative}-, p={self.sign_p:.3f})")
+                f"sign {self.positive}+/{self.negative}-, p={self.sign_p:.3f}; t-test p={self.t_p:.3f})")
 
 
 def _diffs(a: Sequence[float], b: Sequence[float]) -> np.ndarray:
@@ -97,13 +102,28 @@ def sign_test(d: Sequence[float]) -> float:
     return float(min(1.0, 2.0 * tail))
 
 
+def t_test(d: Sequence[float]) -> float:
+    """Two-sided p-value of the one-sample Student t-test of mean(d) = 0: t = mean / (sd / sqrt(n)), n - 1
+    degrees of freedom (sd with ddof=1). nan for fewer than 2 values; with sd 0, 1 at mean 0 and 0 otherwise."""
+    from scipy import stats
+
+    d = np.asarray(d, np.float64)
+    if d.size < 2:
+        return float("nan")
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    if np.ptp(d) == 0.0:   # all equal (sd may come out a rounding error above 0)
+        return 1.0 if mean == 0.0 else 0.0
+    t = mean / (sd / math.sqrt(d.size))
+    return float(2.0 * stats.t.sf(abs(t), d.size - 1))
+
+
 def paired_bootstrap(a: Sequence[float], b: Sequence[float], *, level: float = 0.95, resamples: int = 10_000,
                      seed: int = 0) -> Paired:
-    """a - b paired by seed: mean, percentile bootstrap CI, sign test."""
+    """a - b paired by seed: mean, percentile bootstrap CI, sign test, t-test."""
     d = _diffs(a, b)
     low, high = bootstrap_mean_ci(d, level=level, resamples=resamples, seed=seed)
     return Paired(n=int(d.size), mean=float(d.mean()), low=low, high=high, level=level,
-                  positive=int((d > 0).sum()), negative=int((d < 0).sum()), sign_p=sign_test(d))
+                  positive=int((d > 0).sum()), negative=int((d < 0).sum()), sign_p=sign_test(d), t_p=t_test(d))
 
 
 def verdict(p: Paired, direction: str = "greater", margin: float = 0.0) -> str:
@@ -138,4 +158,4 @@ def wilson_interval(successes: int, n: int, *, level: float = 0.95) -> tuple[flo
     return (0.0 if successes == 0 else centre - half), (1.0 if successes == n else centre + half)
 
 
-__all__ = ["Paired", "VERDICTS", "bootstrap_mean_ci", "paired_bootstrap", "sign_test", "verdict", "wilson_interval"]
+__all__ = ["Paired", "VERDICTS", "bootstrap_mean_ci", "paired_bootstrap", "sign_test", "t_test", "verdict", "wilson_interval"]
