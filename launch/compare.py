@@ -32,7 +32,10 @@ with a micro-world build beside it) measured held-out avg@8 57.86 % untrained
 [+4.37, +11.35], 5 of 5 seeds up; after 10 steps +2.71 [+0.95, +4.79], after 5
 +1.41 [-0.16, +2.99] (results/learning_curve_real/, docs/results.md). A
 seed's held-out base score alone varies from 49.9 to 63.6 % with the sampling
-seed (32 attempts), hence 5 paired seeds rather than 3.
+seed (32 attempts), hence 5 paired seeds rather than 3. The six-arm table at
+this budget (results/compare/, docs/results.md "The six arms at 20 steps, 5
+seeds"): the 25 world-model runs took 8,052 s on 2 idle cores (266-348 s a
+run with two curve points), a `real` run REAL_RUN_S s; about 3 h in all.
 """
 
 from __future__ import annotations

@@ -801,9 +801,11 @@ def plot_corrections(curves: dict, path) -> None:
 
 
 def plot_learning_curves(data: dict, path) -> None:
-    """Held-out (and train-task, dashed) avg@k against steps per arm: the mean over seeds and its CI band."""
+    """Per arm against steps: left, the mean held-out (and train-task, dashed) avg@k over seeds; right, the
+    paired change since step 0 with its 95 % bootstrap band (the seeds' base scores differ by more than the
+    arms do, so the change is where the arms separate)."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11.0, 4.5))
     k = data["spec"]["attempts"]
     for arm, rows in data["curves"].items():
         for key, style in (("held_out", "-"), ("train", "--")):
@@ -811,16 +813,23 @@ def plot_learning_curves(data: dict, path) -> None:
             if not pts:
                 continue
             x = [s for s, _ in pts]
-            ax.plot(x, [100 * p["mean"] for _, p in pts], style, marker="o", ms=3, color=ARM_COLORS.get(arm),
-                    label=f"{arm}, {'held-out' if key == 'held_out' else 'train tasks'} (n={pts[-1][1]['n']})")
-            ax.fill_between(x, [100 * p["low"] for _, p in pts], [100 * p["high"] for _, p in pts],
-                            color=ARM_COLORS.get(arm), alpha=0.12)
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel(f"avg@{k} (%)")
-    ax.set_title("Learning curves: mean over seeds, 95 % bootstrap band", fontsize=10)
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+            label = f"{arm}, {'held-out' if key == 'held_out' else 'train tasks'} (n={pts[-1][1]['n']})"
+            left.plot(x, [100 * p["mean"] for _, p in pts], style, marker="o", ms=3, color=ARM_COLORS.get(arm),
+                      label=label)
+            right.plot(x, [100 * p["change"]["mean"] for _, p in pts], style, marker="o", ms=3,
+                       color=ARM_COLORS.get(arm), label=label)
+            right.fill_between(x, [100 * p["change"]["low"] for _, p in pts],
+                               [100 * p["change"]["high"] for _, p in pts], color=ARM_COLORS.get(arm), alpha=0.08)
+    left.set_ylabel(f"avg@{k} (%)")
+    left.set_title("mean over seeds", fontsize=10)
+    right.axhline(0.0, color="gray", lw=1)
+    right.set_ylabel("change since step 0 (points)")
+    right.set_title("paired change since step 0, 95 % bootstrap band", fontsize=10)
+    for ax in (left, right):
+        ax.set_xlabel("GRPO step")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+    left.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
