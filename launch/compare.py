@@ -35,7 +35,8 @@ seed's held-out base score alone varies from 49.9 to 63.6 % with the sampling
 seed (32 attempts), hence 5 paired seeds rather than 3. The six-arm table at
 this budget (results/compare/, docs/results.md "The six arms at 20 steps, 5
 seeds"): the 25 world-model runs took 8,052 s on 2 idle cores (266-348 s a
-run with two curve points), a `real` run REAL_RUN_S s; about 3 h in all.
+run with two curve points), a `real` run alone 433 s with its evaluation:
+about 2 h 50 min in all.
 """
 
 from __future__ import annotations
