@@ -467,8 +467,8 @@ def format_claims(data: dict) -> str:
         scale, unit = (100.0, " pts") if c["metric"] == "score" else (1.0, " s")
         lines.append(f"| {c['id']} | {c['claim'].replace('avg@k', f'avg@{k}')} (`{c['a']}` - `{c['b']}`, "
                      f"n={c['n']}) | {scale * c['mean']:+.2f}{unit} | [{scale * c['low']:+.2f}, "
-                     f"{scale * c['high']:+.2f}] | {c['positive']}+/{c['negative']}-, p={c['sign_p']:.3f} | p={c['t_p']:.3f} | "
-                     f"**{c['verdict']}** | {c['paper']} |")
+                     f"{scale * c['high']:+.2f}] | {c['positive']}+/{c['negative']}-, p={c['sign_p']:.3f} | "
+                     f"p={c['t_p']:.3f} | **{c['verdict']}** | {c['paper']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -646,11 +646,15 @@ def anchor_fidelity(records: dict[int, dict], group_size: int | None = None) -> 
             rho = spearman(gx, gy)
             if np.isfinite(rho):
                 within.append(rho)
-    wm_a, real_a = np.asarray(wm, np.float64), np.asarray(real, np.float64)
-    return {"pairs": len(wm), "groups": groups, "spearman": spearman(wm, real) if wm else float("nan"),
-            "rmse": float(np.sqrt(np.mean((wm_a - real_a) ** 2))) if wm else float("nan"),
-            "within_group_spearman": float(np.mean(within)) if within else float("nan"),
-            "within_group_n": len(within), "wm_flat_groups": flat / groups if groups else float("nan")}
+    nan = float("nan")
+    if not wm:
+        return {"pairs": 0, "groups": 0, "spearman": nan, "rmse": nan, "within_group_spearman": nan,
+                "within_group_n": 0, "wm_flat_groups": nan}
+    error = np.asarray(wm, np.float64) - np.asarray(real, np.float64)
+    return {"pairs": len(wm), "groups": groups, "spearman": spearman(wm, real),
+            "rmse": float(np.sqrt(np.mean(error ** 2))),
+            "within_group_spearman": float(np.mean(within)) if within else nan,
+            "within_group_n": len(within), "wm_flat_groups": flat / groups}
 
 
 def reliability(wm: np.ndarray, real: np.ndarray, bins: int = 10) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
