@@ -19,7 +19,7 @@ runs' WM vs real rewards, raw and calibrated, at the start and the end;
 anchor weight and bias reduction over steps). Interrupted, the same command
 picks up finished runs and evaluations. The logic is `wmrl_jax.compare`.
 
-The default config is configs/tiny_cpu.py with the correction thresholds
+The default config is configs/tiny_cpu.py, whose correction thresholds are
 scaled to a run of a few steps (one anchor group of 4 rollouts a step: the
 paper's 200 pairs / 32 groups would never be reached, and debias_only,
 denoise_only and wmrl would be the naive mix under other names).
@@ -72,23 +72,17 @@ _EVAL_TRAIN = flags.DEFINE_bool("eval_train_tasks", False, "The curves' points a
 
 
 def short_run_config():
-    """configs/tiny_cpu.py with the debiaser and the anchor weight starting within a few steps."""
+    """configs/tiny_cpu.py (whose correction thresholds start both corrections from step 1), saving every step."""
     from configs import tiny_cpu
 
     c = tiny_cpu.get_config()
-    # One anchor group of 4 a step: 4 (WM, real) pairs. The loop tests' thresholds: a map from the first
-    # step's 4 pairs on (when they span 2 bins), refit every 4; the inverse-variance constant fixed at the
-    # first anchor group with a spread of real rewards. So both corrections act from step 1.
-    c.rewards.min_pairs, c.rewards.refit_every = 4, 4
-    c.rewards.warmup, c.rewards.half_life = 1, 4.0
-    c.optim.remat = "none"        # a 3.9M-parameter model's activations fit; remat would recompute the forward
     c.checkpoint.every = 1
     c.log.text_samples = 1
     return c
 
 
-_CONFIG = config_flags.DEFINE_config_dict("config", short_run_config(), "Base config: configs/tiny_cpu.py with "
-                                          "the short-run correction thresholds; --config.x=y overrides any field.")
+_CONFIG = config_flags.DEFINE_config_dict("config", short_run_config(), "Base config: configs/tiny_cpu.py, saving "
+                                          "every step; --config.x=y overrides any field.")
 
 
 def main(argv):

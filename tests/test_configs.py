@@ -113,7 +113,7 @@ def test_paper_configs_validate_once_given_real_folders(name, model_dir):
     (["--config.mesh.fsdp=3"], 8, r"config.mesh: .*product divides the 8 devices"),
     (["--config.rewards.min_anchors=5"], 1, r"config.rewards.min_anchors: 5, expected <= rollout.groups_per_step"),
     (["--config.rollout.group_size=1"], 1, r"config.rollout.group_size: 1, expected an int >= 2"),
-    (["--config.optim.warmup_steps=50"], 1, r"config.optim.warmup_steps: 50, expected <= optim.total_steps = 12"),
+    (["--config.optim.warmup_steps=50"], 1, r"config.optim.warmup_steps: 50, expected <= optim.total_steps = 20"),
     (["--config.rewards.target_weight=5.0"], 1, r"config.rewards.target_weight: 5.0, expected a number >= 1.0 "
                                                 r"and <= 4.0"),
     (["--config.benchmark=mle_dojo"], 1, r"config.data_dir: '', expected the mle_dojo task folder"),
