@@ -277,6 +277,26 @@ def test_launch_end_to_end_and_resume(tmp_path, capsys):
     assert "holds step 6 of another run (train.lr" in capsys.readouterr().err
 
 
+def test_vla_eval_saves_rollouts_the_progress_model_reads(tmp_path, tokenizer, config):
+    """vla_eval --save_episodes through the real pool processes around the stand-in env: task 0 succeeds at its
+    second policy step (env step 12 = 10 settle steps + 2), as does task 1; both saved with every frame (the
+    default out would be the policy's eval/; --out moves it) and read back by the progress model's loader."""
+    policy = sft.save_policy(tmp_path / "policy", vla.init(config.body, jax.random.key(0)), config.body, tokenizer,
+                             {"suite": SUITE, "tasks": [0, 1], "held_out_states": [2], "train_states": [0]})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]), "SIM_SUCCESS_AT": "12"}
+    r = subprocess.run([sys.executable, str(ROOT / "launch" / "vla_eval.py"), "--checkpoint", str(policy),
+                        "--max_steps", "3", "--no_progress", "--seed", "4", "--env_factory", "helpers_simulator:FaultyEnv",
+                        "--save_episodes", str(tmp_path / "rollouts"), "--out", str(tmp_path / "eval")],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    saved = sorted(p.relative_to(tmp_path / "rollouts").as_posix() for p in (tmp_path / "rollouts").rglob("*.npz"))
+    assert saved == [f"{SUITE}/task00/state02.seed4.npz", f"{SUITE}/task01/state02.seed4.npz"]
+    data, report = progress.load_episodes([tmp_path / "rollouts"], config, tokenizer)
+    assert (report["successes"], report["failures"]) == (2, 0)
+    assert [(e["task"], e["state"], e["steps"], e["frames"]) for e in data.episodes] == [(0, 2, 2, 3), (1, 2, 2, 3)]
+    np.testing.assert_allclose(data.target, [0.0, 0.5, 1.0] * 2)
+
+
 @pytest.mark.slow
 def test_perturbed_replay_in_a_real_libero_scene(tmp_path):
     """A 3-step "demonstration" of LIBERO-Long task 0, state 0 (16 px cameras), replayed with action noise in the
