@@ -18,9 +18,9 @@ head. Failed rollouts can be made here (`--perturb_noise`): each successful
 demonstration's actions replayed open loop from its own initial state with
 i.i.d. Gaussian noise of each given std added (clipped to [-1, 1]; seeded by
 (seed, task, state, noise)), in `SimPool` with the demos' cameras and frame
-size, saved as `<rollouts>/<suite>/task<TT>/state<SS>.noise<σ>.npz` with the
-simulator's outcome (an open-loop replay that runs out of actions without
-success is a failure). Existing files are skipped: rerun to resume.
+size and the demo's step count as the budget, saved as
+`<rollouts>/<suite>/task<TT>/state<SS>.noise<σ>.npz` with the simulator's
+outcome. Existing files are skipped: rerun to resume.
 
 Writes to --out: `checkpoints/` (a rerun resumes, bit for bit), `model/`
 (params.npz, config.json, meta.json, tokenizer/: `progress.load_model`),
@@ -119,8 +119,12 @@ def check_args(args):
 
 
 def perturb(args, size: int) -> list[pathlib.Path]:
-    """The perturbed replays of every successful demo (module docstring); returns the files written."""
-    import dataclasses
+    """The perturbed replays of every successful demo (module docstring); returns the files written.
+
+    A replay's step budget is its demo's step count, so it ends inside the pool as a success or a failure
+    with its full record (a pool returns a still-running episode without frames); a pool is started per
+    budget (the replays of one demo share it)."""
+    import collections
 
     import numpy as np
     import tqdm
@@ -129,33 +133,34 @@ def perturb(args, size: int) -> list[pathlib.Path]:
     from wmrl_jax.vla import demos
 
     simulator.require_benchmark()
-    sources = [p for p in demos._episode_files(args.demos)]
-    todo = []
+    sources = demos._episode_files(args.demos)
+    by_task = collections.defaultdict(list)
     for path in sources:
         ep = demos._load_one(path)
-        if ep.status != "success":
-            continue
-        for sigma in args.perturb_noise:
-            out = args.rollouts / ep.suite / f"task{ep.task_id:02d}" / f"state{ep.init_state_index:02d}.noise{sigma:.2f}.npz"
-            if not out.exists():
-                todo.append((ep, sigma, out))
+        if ep.status == "success":
+            by_task[(ep.suite, ep.task_id)].append(ep)
+    todo = []
+    for (suite, task), eps in sorted(by_task.items()):
+        for ep in eps:
+            budget = ep.steps
+            for sigma in args.perturb_noise:
+                out = args.rollouts / suite / f"task{task:02d}" / f"state{ep.init_state_index:02d}.noise{sigma:.2f}.npz"
+                if not out.exists():
+                    todo.append((ep, sigma, out, budget))
     written, pool = [], None
-    bar = tqdm.tqdm(todo, desc="perturbed replays", unit="ep", disable=args.no_progress)
     outcomes = {"success": 0, "failure": 0, "unknown": 0}
-    for ep, sigma, out in bar:
-        if pool is None or pool.suite != ep.suite:
+    bar = tqdm.tqdm(todo, desc="perturbed replays", unit="ep", disable=args.no_progress)
+    for ep, sigma, out, budget in bar:
+        if pool is None or (pool.suite, pool.max_steps) != (ep.suite, budget):
             if pool is not None:
                 pool.close()
             pool = simulator.SimPool(ep.suite, workers=1, cameras=tuple(args.cameras), camera_size=size,
-                                     render=args.render)
+                                     max_steps=budget, render=args.render)
         rng = np.random.default_rng([args.seed, ep.task_id, ep.init_state_index, round(sigma * 1000)])
         actions = np.clip(ep.actions + sigma * rng.standard_normal(ep.actions.shape), -1, 1).astype(np.float32)
         pool.reset([(ep.task_id, ep.init_state_index)])
         pool.step(actions[None])
         rec = pool.episodes[0]
-        if rec.status == "running":   # the actions ran out before the step budget, without success
-            rec = dataclasses.replace(rec, status="failure", reason=f"perturbed replay (noise std {sigma}): no "
-                                      f"success after its {len(actions)} actions")
         out.parent.mkdir(parents=True, exist_ok=True)
         written.append(rec.save(out))
         outcomes[rec.status] = outcomes.get(rec.status, 0) + 1
@@ -163,8 +168,8 @@ def perturb(args, size: int) -> list[pathlib.Path]:
     bar.close()
     if pool is not None:
         pool.close()
-    print(f"perturbed replays: {len(written)} written ({outcomes}), {len(sources) * len(args.perturb_noise) - len(todo)} "
-          f"already there")
+    n_all = sum(len(v) for v in by_task.values()) * len(args.perturb_noise)
+    print(f"perturbed replays: {len(written)} written ({outcomes}), {n_all - len(todo)} already there")
     return written
 
 
