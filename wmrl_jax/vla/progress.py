@@ -68,6 +68,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from wmrl_jax import files
+from wmrl_jax.models.layers import positions_from_valid
 from wmrl_jax.vla import demos, sft
 from wmrl_jax.vla import model as vla
 
@@ -217,8 +218,6 @@ def logits(params: dict, config: Config, batch: dict) -> jax.Array:
     body = config.body
     embeds, valid = vla.embed_prompt(params, body, batch)
     tokens = jnp.zeros(valid.shape, jnp.int32)   # shape only: every input is in `embeds`
-    from wmrl_jax.models.layers import positions_from_valid
-
     hidden, _ = body.family.forward(params["backbone"], body.backbone, tokens, positions_from_valid(valid), valid,
                                     embeds=embeds)
     h = hidden[:, -1].astype(jnp.float32)
@@ -325,7 +324,7 @@ def load_episodes(folders, config: Config, tokenizer) -> tuple[Frames, dict]:
     images = {c: [] for c in cameras}
     parts = {k: [] for k in ("time", "target", "instruction_index", "episode", "frame")}
     instructions: dict[str, int] = {}
-    episodes, skipped, n_files = [], {}, 0
+    episodes, skipped, n_files, n_rows = [], {}, 0, 0
     paths = [p for folder in folders for p in demos._episode_files(pathlib.Path(folder))]   # checks every folder first
     for path in paths:
         n_files += 1
@@ -346,7 +345,8 @@ def load_episodes(folders, config: Config, tokenizer) -> tuple[Frames, dict]:
         parts["frame"].append(np.arange(n, dtype=np.int32))
         episodes.append({"path": str(path), "task": int(ep.task_id), "state": int(ep.init_state_index),
                          "success": bool(ep.success), "steps": int(ep.steps), "wall_s": float(ep.wall_s),
-                         "first_row": int(sum(len(t) for t in parts["time"][:-1])), "frames": int(n)})
+                         "first_row": n_rows, "frames": int(n)})
+        n_rows += n
     if not episodes:
         raise demos.DemoError(f"{', '.join(map(str, folders))}: none of the {n_files} episodes has a known outcome "
                               f"({skipped}); expected successes and failures")
