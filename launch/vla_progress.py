@@ -357,10 +357,13 @@ def markdown(record: dict, headline: str) -> str:
             continue
         lines += [f"## {name.replace('_', '-')} episodes: {fid['episodes']} ({fid['successes']} successes); "
                   f"frame |error| {fid['frame_mae']:.3f}", "",
-                  "| collapse | AUC | Spearman | mean score, successes | mean score, failures |", "|---|---|---|---|---|"]
+                  "| collapse | AUC [95 % bootstrap] | Spearman | mean score, successes | mean score, failures |",
+                  "|---|---|---|---|---|"]
         for mode, m in fid["modes"].items():
             mark = " (headline)" if mode == headline else ""
-            lines.append(f"| {mode}{mark} | {f(m['auc'])} | {f(m['spearman'])} | {f(m['mean_success'])} | "
+            lo, hi = m["auc_ci95"]
+            lines.append(f"| {mode}{mark} | {f(m['auc'])} [{f(lo, '.2f')}, {f(hi, '.2f')}] | {f(m['spearman'])} | "
+                         f"{f(m['mean_success'])} | "
                          f"{f(m['mean_failure'])} |")
         cal = fid["calibration"]
         lines += ["", f"Reliability of the final frame's progress as P(success) (ECE {cal['ece']:.3f}):", "",

@@ -47,7 +47,8 @@ failure), `final` = the last frame's, `max` = the largest, `success` =
 1{success}, so its progress reads as P(success)).
 
 **Fidelity** (`fidelity`) against the simulator's success, per collapse
-mode: ROC AUC (ties count half: scikit-learn's `roc_auc_score`), Spearman's
+mode: ROC AUC (ties count half: scikit-learn's `roc_auc_score`) with a
+stratified bootstrap 95 % interval (few held-out episodes), Spearman's
 rho of the score with success (average ranks for ties: scipy's
 `spearmanr`), and reliability bins of the final-frame progress as P(success)
 (counts, mean predicted, observed rate, ECE).
@@ -156,6 +157,24 @@ def auc(scores, labels) -> float:
     return float((r[labels].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
 
 
+def auc_interval(scores, labels, *, level: float = 0.95, resamples: int = 4000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of `auc`, stratified: successes and failures resampled apart (each with
+    replacement, its own count), as the two-sample bootstrap does. A resample's AUC is w1 · C · w0, C[i, j] =
+    1{s_i > s_j} + 0.5 · 1{s_i = s_j} over (success i, failure j) and w the resample's counts / n: no ranking
+    per resample. (NaN, NaN) when one class is absent."""
+    scores, labels = np.asarray(scores, np.float64), np.asarray(labels, bool)
+    s1, s0 = scores[labels], scores[~labels]
+    if s1.size == 0 or s0.size == 0:
+        return float("nan"), float("nan")
+    c = (s1[:, None] > s0[None, :]) + 0.5 * (s1[:, None] == s0[None, :])
+    rng = np.random.default_rng(seed)
+    w1 = np.stack([np.bincount(rng.integers(0, s1.size, s1.size), minlength=s1.size) for _ in range(resamples)])
+    w0 = np.stack([np.bincount(rng.integers(0, s0.size, s0.size), minlength=s0.size) for _ in range(resamples)])
+    values = np.einsum("bi,ij,bj->b", w1 / s1.size, c, w0 / s0.size)
+    lo, hi = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
 def spearman(x, y) -> float:
     """Spearman's rho: Pearson's correlation of the average ranks; NaN when either side is constant."""
     rx, ry = average_ranks(x), average_ranks(y)
@@ -186,14 +205,15 @@ def reliability(pred, outcome, bins: int = 5) -> dict:
 def fidelity(frame_progress, success, *, k: int = K, threshold: float = SUCCESS_THRESHOLD, bins: int = 5) -> dict:
     """The progress model against real outcomes. frame_progress: [E, F] predicted progress of F sampled frames
     per episode (time order); success: bool [E] (the simulator's). Per collapse mode: AUC and Spearman of the
-    score with success, mean score on successes and on failures; "calibration": reliability bins of the
+    score with success (AUC with its stratified bootstrap 95 % interval), mean score on successes and on
+    failures; "calibration": reliability bins of the
     final-frame progress read as P(success)."""
     p = np.asarray(frame_progress, np.float32)
     y = np.asarray(success, bool)
     modes = {}
     for mode in COLLAPSE_MODES:
         s = np.asarray(collapse(p, mode, k, threshold))
-        modes[mode] = {"auc": auc(s, y), "spearman": spearman(s, y.astype(np.float64)),
+        modes[mode] = {"auc": auc(s, y), "auc_ci95": auc_interval(s, y), "spearman": spearman(s, y.astype(np.float64)),
                        "mean_success": float(s[y].mean()) if y.any() else None,
                        "mean_failure": float(s[~y].mean()) if (~y).any() else None}
     return {"episodes": int(y.size), "successes": int(y.sum()), "modes": modes,
