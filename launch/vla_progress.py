@@ -195,13 +195,13 @@ def plot(path, curves: dict, calibration: dict, title: str) -> None:
     ax1.set_ylim(-0.02, 1.02)
     ax1.legend(fontsize=8)
     ax1.grid(alpha=0.3)
-    for name, color in (("success", "tab:green"), ("failure", "tab:red")):
+    for name, plural, color in (("success", "successes", "tab:green"), ("failure", "failures", "tab:red")):
         c = curves.get(name)
         if not c:
             continue
-        ax2.plot(c["t"], c["mean"], "-", color=color, label=f"predicted, {name}es ({c['episodes']})")
+        ax2.plot(c["t"], c["mean"], "-", color=color, label=f"predicted, {plural} ({c['episodes']}; band: min-max)")
         ax2.fill_between(c["t"], c["lo"], c["hi"], color=color, alpha=0.15)
-        ax2.plot(c["t"], c["target"], ":", color=color, label=f"target, {name}es")
+        ax2.plot(c["t"], c["target"], ":", color=color, label=f"target, {plural}")
     ax2.set_xlabel("t / T (fraction of the episode)")
     ax2.set_ylabel("progress")
     ax2.set_ylim(-0.02, 1.02)
