@@ -252,6 +252,9 @@ def test_launch_bad_input_is_one_line(tmp_path, capsys):
         (["--demos", demos_dir, "--failure_label", "half"], r"--failure_label 'half': expected one of"),
         (["--demos", demos_dir, "--k", "9"], r"--k 9 --frames 8: expected 1 <= k <= frames"),
         (["--demos", demos_dir, "--perturb_noise", "0.3"], r"expected --rollouts, the folder to write them to"),
+        (["--demos", demos_dir, "--rollouts", rollouts_dir, "--perturb_noise", "-0.1"],
+         r"--perturb_noise \[-0.1\]: expected standard deviations >= 0 \(0: the demo replayed exactly"),
+        (["--demos", demos_dir, "--rollouts_only"], r"--rollouts_only: expected --rollouts"),
         (["--demos", demos_dir, "--rollouts", rollouts_dir, "--perturb_only"],
          r"--perturb_only without --perturb_noise"),
         (["--demos", tmp_path / "d12", "--preset", "small"], r"image_size=12: expected a multiple of 8"),
@@ -265,6 +268,10 @@ def test_launch_bad_input_is_one_line(tmp_path, capsys):
     # every episode held out: refused after loading, before training
     assert vla_progress.main(["--demos", str(demos_dir), "--held_out_states", "0-1", "--out", str(tmp_path / "o")]) == 2
     assert "every episode is held out" in capsys.readouterr().err
+    # --rollouts_only: the demos are not read as training episodes
+    assert vla_progress.main(["--demos", str(demos_dir), "--rollouts", str(rollouts_dir), "--rollouts_only",
+                              "--held_out_states", "0-1", "--out", str(tmp_path / "o")]) == 2
+    assert "episodes: 4 of 4 files (0 successes, 4 failures" in capsys.readouterr().out
 
 
 def test_launch_end_to_end_and_resume(tmp_path, capsys):
