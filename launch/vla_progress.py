@@ -259,6 +259,9 @@ def main(argv=None) -> int:
     except demos.DemoError as e:
         print(f"vla_progress: {e}", file=sys.stderr)
         return 2
+    print(f"episodes: {report['episodes']} of {report['files']} files ({report['successes']} successes, "
+          f"{report['failures']} failures, skipped {report['skipped_by_status'] or 'none'}), {report['frames']} "
+          f"frames at {size}px ({report['image_bytes'] / 2**20:.0f} MiB)")
     train_eps = data.episode_ids(exclude_states=held)
     held_eps = data.episode_ids(states=held)
     if not train_eps:
@@ -268,9 +271,6 @@ def main(argv=None) -> int:
     train_rows = data.rows(train_eps, args.frame_stride)
     held_rows = data.rows(held_eps, args.frame_stride)
     count = lambda ids: (sum(data.episodes[i]["success"] for i in ids), len(ids))  # noqa: E731
-    print(f"episodes: {report['episodes']} of {report['files']} files ({report['successes']} successes, "
-          f"{report['failures']} failures, skipped {report['skipped_by_status'] or 'none'}), {report['frames']} "
-          f"frames at {size}px ({report['image_bytes'] / 2**20:.0f} MiB)")
     print(f"split: train {count(train_eps)[1]} episodes ({count(train_eps)[0]} successes), {train_rows.size} frames "
           f"(stride {args.frame_stride}); held out (states {held}) {count(held_eps)[1]} episodes "
           f"({count(held_eps)[0]} successes)")
