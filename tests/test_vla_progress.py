@@ -161,7 +161,7 @@ def test_tiny_model_memorises_progress_and_beats_chance(tmp_path, tokenizer, con
     assert (report["episodes"], report["successes"], report["failures"]) == (20, 10, 10)
     train_eps, held_eps = data.episode_ids(exclude_states=[4]), data.episode_ids(states=[4])
     assert len(held_eps) == 4
-    tc = sft.SFTConfig(steps=150, batch_size=32, lr=3e-3, warmup_steps=10, eval_every=0, save_every=1000)
+    tc = sft.SFTConfig(steps=100, batch_size=32, lr=3e-3, warmup_steps=10, eval_every=0, save_every=1000)
     result = progress.train(config, data, data.rows(train_eps), tc, held_out_rows=data.rows(held_eps), progress=False)
     assert result.history["loss"][-1] < result.history["loss"][0]
     train_fit = progress.evaluate(result.params, config, data, data.rows(train_eps), batch_size=32)
