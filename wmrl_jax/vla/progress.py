@@ -2,10 +2,12 @@
 
     config = progress.Config(body=sft.preset("tiny", vocab_size=..., image_size=64))
     data, report = progress.load_episodes([demos_dir, rollouts_dir], config, tokenizer)
-    result = progress.train(config, data, data.rows(states=train_states, stride=4), sft.SFTConfig(steps=600))
+    train_rows = data.rows(data.episode_ids(exclude_states=range(7, 10)), stride=2)
+    result = progress.train(config, data, train_rows, sft.SFTConfig(steps=600))
     p = progress.predict(result.params, config, data, rows)               # float32 [n] in [0, 1]
-    score = progress.collapse(p_8_frames, "potential")                    # one scalar a rollout: the WM reward
-    report = progress.fidelity(scores, success)                          # AUC, Spearman, reliability bins
+    p8 = progress.score_episodes(result.params, config, data, held_out_ids)   # [E, 8], sampled frames
+    score = progress.collapse(p8, "potential")                            # one scalar a rollout: the WM reward
+    report = progress.fidelity(p8, success)                               # AUC, Spearman, reliability bins
 
 The paper scores a VLA rollout with an off-the-shelf progress model
 (Robometer): per-frame progress, collapsed to one scalar by potential-based
