@@ -16,7 +16,9 @@ the success rate and its Wilson interval (`--level`, default 95 %); episodes
 whose simulator process crashed or hung are "unknown": excluded from the rate
 and counted, as the Episode contract says. Writes `<out>/eval.json` (the
 table, every episode's status, steps and reason, the timing) and `eval.md`
-(default out: `<checkpoint>/eval`). Bad input (the benchmark not installed, an
+(default out: `<checkpoint>/eval`); `--save_episodes DIR` also saves every
+`Episode` with all its frames (the failed rollouts launch/vla_progress.py
+trains the progress model on). Bad input (the benchmark not installed, an
 unknown suite or task, a state out of range, a missing checkpoint, cameras the
 simulator does not have) is one line and exit status 2, before the model
 loads or any simulator starts.
@@ -51,6 +53,9 @@ def parse_args(argv=None):
     p.add_argument("--max_steps", type=int, default=None, help="policy steps per episode (default: the suite's)")
     p.add_argument("--level", type=float, default=0.95, help="confidence level of the intervals")
     p.add_argument("--out", type=pathlib.Path, default=None, help="output folder (default: <checkpoint>/eval)")
+    p.add_argument("--save_episodes", type=pathlib.Path, default=None,
+                   help="also save every episode (all frames, as the policy saw them) under this folder as "
+                        "<suite>/task<TT>/state<SS>.seed<N>.npz: rollouts for launch/vla_progress.py --rollouts")
     p.add_argument("--render", default="egl", help="MUJOCO_GL backend of the simulator processes")
     p.add_argument("--step_timeout_s", type=float, default=60.0, help="seconds per step before a process is hung")
     p.add_argument("--env_factory", default=None, help=argparse.SUPPRESS)   # tests: a stand-in env, module:callable
@@ -128,7 +133,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     try:
         pool = simulator.SimPool(suite, workers=min(args.workers, len(starts)), cameras=policy.config.cameras,
-                                 camera_size=size, max_steps=args.max_steps, record_every=0, render=args.render,
+                                 camera_size=size, max_steps=args.max_steps,
+                                 record_every=1 if args.save_episodes else 0, render=args.render,
                                  step_timeout_s=args.step_timeout_s, env_factory=args.env_factory)
     except (RuntimeError, ValueError) as e:   # e.g. a render backend that cannot start
         print(f"vla_eval: {e}", file=sys.stderr)
@@ -137,6 +143,10 @@ def main(argv=None) -> int:
         episodes = simulator.run_episodes(pool, fn, starts, progress=not args.no_progress)
         pool_stats = pool.stats()
     wall = time.perf_counter() - t0
+    for e in episodes if args.save_episodes else ():
+        path = args.save_episodes / e.suite / f"task{e.task_id:02d}" / f"state{e.init_state_index:02d}.seed{args.seed}.npz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        e.save(path)
     summary = evaluate.summarize(episodes, level=args.level, instructions={i.task_id: i.instruction for i in infos})
     out = args.out or (folder.parent if folder.name == "policy" else folder) / "eval"
     out.mkdir(parents=True, exist_ok=True)
