@@ -123,6 +123,7 @@ class _Simulator:
             self.env.seed(spec["seed"])   # upstream seeds once after construction, as here
             self.env_key = key
         self.episode = ep = _Episode(spec)
+        self.env.seed(spec["seed"])
         self.env.reset()
         raw = self.env.set_init_state(spec["init_state"])
         for _ in range(spec["settle_steps"]):

@@ -142,12 +142,13 @@ class Expert:
     """Runs `plan(goal)` in one env. `env`: a LIBERO env built with ignore_done=True (`ControlEnv` without
     cameras for the search, any env for checks); max_steps: the policy-step budget (LIBERO-Long: 520)."""
 
-    def __init__(self, env, max_steps: int = 520):
-        self.env, self.max_steps = env, max_steps
+    def __init__(self, env, max_steps: int = 520, seed: int = 0):
+        self.env, self.max_steps, self.seed = env, max_steps, seed
         self.scene = Scene(env)
 
     # -------------------------------------------------------------- episode
     def run(self, init_state) -> ExpertResult:
+        self.env.seed(self.seed)   # as the pool's worker does before every reset: the start is the state's alone
         self.env.reset()
         self.obs = self.env.set_init_state(np.asarray(init_state))
         for _ in range(SETTLE_STEPS):
