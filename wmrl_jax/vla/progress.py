@@ -451,8 +451,6 @@ def train(config: Config, data: Frames, train_rows, tc: sft.SFTConfig, workdir=N
     naming what differs); held-out BCE and |error| every `tc.eval_every` steps and at the end."""
     from tqdm.auto import tqdm
 
-    from wmrl_jax.train.checkpoint import Checkpointer
-
     train_rows = np.asarray(train_rows, np.int64)
     if train_rows.size == 0:
         raise ValueError("train_rows: no frames to train on (expected frames of the training states' episodes)")
@@ -463,18 +461,8 @@ def train(config: Config, data: Frames, train_rows, tc: sft.SFTConfig, workdir=N
     identity = json.loads(json.dumps({"config": config_to_dict(config), "train": dataclasses.asdict(tc),
                                       "train_frames": int(train_rows.size), "episodes": len(data.episodes),
                                       "instructions": list(data.instructions)}))
-    done, ckpt = 0, None
-    if workdir is not None:
-        ckpt = Checkpointer(pathlib.Path(workdir) / "checkpoints", max_to_keep=2)
-        restored = ckpt.latest({"params": params, "opt_state": opt_state})
-        if restored is not None:
-            done, tree, meta = restored
-            if meta["run"] != identity:
-                ckpt.close()
-                raise ValueError(f"{pathlib.Path(workdir) / 'checkpoints'}: holds step {done} of another run "
-                                 f"({sft._first_difference(identity, meta['run'])}); use another --out, or delete it")
-            tree = jax.tree.map(jnp.asarray, jax.device_get(tree))   # uncommitted again: the compiled step is reused
-            params, opt_state, history = tree["params"], tree["opt_state"], meta["history"]
+    ckpt, done, params, opt_state, restored = sft.resume(workdir, params, opt_state, identity)
+    history = history if restored is None else restored
     resumed_from = done
 
     def held_out_eval(step):

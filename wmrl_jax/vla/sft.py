@@ -436,6 +436,32 @@ def _first_difference(a, b, path: str = "") -> str:
     return f"{path} ({b!r} in the checkpoint, {a!r} now)"
 
 
+def resume(workdir, params, opt_state, identity: dict):
+    """`<workdir>/checkpoints` opened, and its latest state restored when it holds one of this run.
+
+    Returns (checkpointer or None without a workdir, steps done, params, opt_state, the saved history or None).
+    A checkpoint whose recorded run (`identity`, JSON-like) differs is refused, naming the first difference.
+    """
+    from wmrl_jax.train.checkpoint import Checkpointer
+
+    if workdir is None:
+        return None, 0, params, opt_state, None
+    folder = pathlib.Path(workdir) / "checkpoints"
+    ckpt = Checkpointer(folder, max_to_keep=2)
+    restored = ckpt.latest({"params": params, "opt_state": opt_state})
+    if restored is None:
+        return ckpt, 0, params, opt_state, None
+    done, tree, meta = restored
+    if meta["run"] != identity:
+        ckpt.close()
+        raise ValueError(f"{folder}: holds step {done} of another run ({_first_difference(identity, meta['run'])}); "
+                         "use another --out, or delete it")
+    # Orbax restores committed arrays, which jit keys apart from fresh ones: through the host they are
+    # uncommitted again and the compiled step is reused (~20 s of CPU compile saved per resume).
+    tree = jax.tree.map(jnp.asarray, jax.device_get(tree))
+    return ckpt, done, tree["params"], tree["opt_state"], meta["history"]
+
+
 def train(config: vla.Config, train_set: demos.Samples, sft: SFTConfig, workdir=None, *,
           held_out: demos.Samples | None = None, params: dict | None = None, stop: int | None = None,
           progress: bool = True) -> TrainResult:
@@ -451,8 +477,6 @@ def train(config: vla.Config, train_set: demos.Samples, sft: SFTConfig, workdir=
     """
     from tqdm.auto import tqdm
 
-    from wmrl_jax.train.checkpoint import Checkpointer
-
     if len(train_set) == 0:
         raise ValueError("train_set: no samples (expected demonstrations from the training states)")
     stop = sft.steps if stop is None else min(int(stop), sft.steps)
@@ -462,21 +486,8 @@ def train(config: vla.Config, train_set: demos.Samples, sft: SFTConfig, workdir=
     opt_state = optimizer.init(params)
     history = {"loss": [], "accuracy": [], "lr": [], "held_out": []}
     identity = json.loads(json.dumps(_run_identity(config, sft, train_set, held_out)))   # as the meta reads back
-    done = 0
-    ckpt = None
-    if workdir is not None:
-        ckpt = Checkpointer(pathlib.Path(workdir) / "checkpoints", max_to_keep=2)
-        restored = ckpt.latest({"params": params, "opt_state": opt_state})
-        if restored is not None:
-            done, tree, meta = restored
-            if meta["run"] != identity:
-                ckpt.close()
-                raise ValueError(f"{pathlib.Path(workdir) / 'checkpoints'}: holds step {done} of another run "
-                                 f"({_first_difference(identity, meta['run'])}); use another --out, or delete it")
-            # Orbax restores committed arrays, which jit keys apart from fresh ones: through the host they are
-            # uncommitted again and the compiled step is reused (~20 s of CPU compile saved per resume).
-            tree = jax.tree.map(jnp.asarray, jax.device_get(tree))
-            params, opt_state, history = tree["params"], tree["opt_state"], meta["history"]
+    ckpt, done, params, opt_state, restored = resume(workdir, params, opt_state, identity)
+    history = history if restored is None else restored
     resumed_from = done
     stop = max(stop, done)   # a checkpoint past `stop`: returned as it is
 
