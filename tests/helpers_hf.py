@@ -190,3 +190,17 @@ def hf_logits(model_or_path, tokens, mask=None) -> np.ndarray:
         kwargs["position_ids"] = torch.as_tensor(hf_positions(mask), dtype=torch.long)
     with torch.no_grad():
         return model(input_ids=tokens, **kwargs).logits.float().numpy()
+
+
+def tiny_vla_config(tokenizer, image_size: int = 16, cameras=("agentview", "wrist")):
+    """A VLA config small enough for CPU tests: a 2-layer Qwen2 backbone, a 1-layer ViT of 8-pixel patches."""
+    from wmrl_jax.models import qwen2
+    from wmrl_jax.vla import model as vla
+    from wmrl_jax.vla import sft, vision
+
+    backbone = qwen2.Qwen2Config(vocab_size=sft.vocab_size_for(tokenizer), hidden_size=32, intermediate_size=48,
+                                 num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=5000.0,
+                                 initializer_range=0.1)
+    vis = vision.VisionConfig(image_size=image_size, patch_size=8, width=16, num_layers=1, num_heads=2, mlp_size=32,
+                              initializer_range=0.1)
+    return vla.Config(backbone=backbone, vision=vis, cameras=tuple(cameras), initializer_range=0.1)

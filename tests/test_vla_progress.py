@@ -17,8 +17,7 @@ import pytest
 import jax
 
 from simulator.episode import Episode
-from wmrl_jax.models import qwen2
-from wmrl_jax.vla import progress, sft, vision
+from wmrl_jax.vla import progress, sft
 from wmrl_jax.vla import model as vla
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -35,12 +34,9 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def config(tokenizer):
-    backbone = qwen2.Qwen2Config(vocab_size=sft.vocab_size_for(tokenizer), hidden_size=32, intermediate_size=48,
-                                 num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=5000.0,
-                                 initializer_range=0.1)
-    vis = vision.VisionConfig(image_size=SIZE, patch_size=8, width=16, num_layers=1, num_heads=2, mlp_size=32,
-                              initializer_range=0.1)
-    return progress.Config(body=vla.Config(backbone=backbone, vision=vis, cameras=CAMERAS, initializer_range=0.1))
+    from helpers_hf import tiny_vla_config
+
+    return progress.Config(body=tiny_vla_config(tokenizer, SIZE, CAMERAS))
 
 
 def write_episode(root, task, state, *, success=True, steps=12, size=SIZE, name=None, status=None):
