@@ -120,11 +120,10 @@ class _Simulator:
                 self.env.close()
             self.env, self.env_key = None, None
             self.env = resolve_factory(spec["factory"])(**spec["env_kwargs"])
-            self.env.seed(spec["seed"])   # upstream seeds once after construction, as here
             self.env_key = key
         self.episode = ep = _Episode(spec)
-        self.env.seed(spec["seed"])
-        self.env.reset()
+        self.env.seed(spec["seed"])   # before every reset (upstream: once, after construction), so a start
+        self.env.reset()              # is a function of (seed, task, state) alone, whatever ran before it
         raw = self.env.set_init_state(spec["init_state"])
         for _ in range(spec["settle_steps"]):
             raw, _, _, _ = self.env.step(SETTLE_ACTION)

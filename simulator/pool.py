@@ -166,7 +166,7 @@ class SimPool:
       env_factory: "module:callable" building the env inside the process (tests inject faults with it);
         default: the benchmark's `OffScreenRenderEnv`.
       worker_env: extra environment variables for the processes.
-      seed: the env seed set after construction (upstream uses 0).
+      seed: the env seed, set before every reset (upstream sets 0 once, after construction).
     """
 
     def __init__(self, suite: str = "libero_10", workers: int = 2, *, cameras=("agentview", "wrist"),
